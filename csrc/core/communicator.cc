@@ -1,0 +1,154 @@
+// Buffer mapping per primitive: which caller buffer holds which part of the plan's logical
+// buffer, and the local copy an out-of-place primitive needs before the ring starts.
+#include "ringcomm/communicator.h"
+
+#include "ringcomm/error.h"
+
+namespace ringcomm {
+namespace {
+
+BufferView view(const void* base, size_t first, size_t count) {
+  return BufferView{static_cast<char*>(const_cast<void*>(base)), first, count};
+}
+
+}  // namespace
+
+Communicator::Communicator(int rank, int worldSize, std::shared_ptr<Transport> transport,
+                           std::shared_ptr<Reducer> reducer, CommunicatorOptions options)
+    : rank_(rank),
+      worldSize_(worldSize),
+      transport_(std::move(transport)),
+      reducer_(std::move(reducer)),
+      options_(options) {
+  RC_CHECK(worldSize >= 1 && rank >= 0 && rank < worldSize, "rank ", rank,
+           " is outside the world of ", worldSize, " ranks");
+  RC_CHECK(transport_ && reducer_, "a communicator needs a transport and a reducer");
+  setSliceBytes(options.sliceBytes);
+}
+
+void Communicator::setSliceBytes(size_t bytes) {
+  RC_CHECK(bytes >= 8, "slice size must be at least 8 bytes, got ", bytes);
+  options_.sliceBytes = bytes;
+}
+
+void Communicator::checkUsable() const {
+  RC_CHECK(!closed_, "this ringcomm communicator is closed");
+  if (!failure_.empty())
+    RC_THROW_AS(PeerError, "this ringcomm communicator failed earlier and cannot be used again (",
+                failure_, "); create a new one");
+}
+
+void Communicator::checkRoot(int root, const char* name) const {
+  RC_CHECK(root >= 0 && root < worldSize_, name, "=", root, " is not a rank of this ",
+           worldSize_, "-rank communicator");
+}
+
+void Communicator::run(Collective& c, RedOp op, DataType type) {
+  std::string why;
+  RC_CHECK(opSupported(op, type, &why), why);
+  c.spec = ReduceSpec{type, op, worldSize_};
+  c.sequence = sequence_++;
+  try {
+    Executor(*transport_, *reducer_, options_.sliceBytes).run(c);
+  } catch (const Error& e) {
+    failure_ = e.what();
+    transport_->abort(failure_);
+    throw;
+  }
+}
+
+void Communicator::allReduce(void* data, size_t count, DataType type, RedOp op) {
+  checkUsable();
+  Collective c;
+  c.plan = makePlan({Primitive::AllReduce, rank_, worldSize_, count, 0});
+  c.input = c.output = view(data, 0, count);
+  run(c, op, type);
+}
+
+void Communicator::reduceScatter(void* output, const void* input, size_t outputCount,
+                                 DataType type, RedOp op) {
+  checkUsable();
+  Collective c;
+  c.plan = makePlan({Primitive::ReduceScatter, rank_, worldSize_, outputCount, 0});
+  c.input = view(input, 0, outputCount * worldSize_);
+  c.output = view(output, outputCount * rank_, outputCount);
+  if (worldSize_ == 1) {
+    std::string why;
+    RC_CHECK(opSupported(op, type, &why), why);
+    reducer_->copy(output, nullptr, input, outputCount * dataTypeSize(type));
+  }
+  run(c, op, type);
+}
+
+void Communicator::allGather(void* output, const void* input, size_t inputCount,
+                             DataType type) {
+  checkUsable();
+  Collective c;
+  c.plan = makePlan({Primitive::AllGather, rank_, worldSize_, inputCount, 0});
+  c.input = c.output = view(output, 0, inputCount * worldSize_);
+  const size_t bytes = inputCount * dataTypeSize(type);
+  char* own = static_cast<char*>(output) + rank_ * bytes;
+  if (own != input) reducer_->copy(own, nullptr, input, bytes);
+  run(c, RedOp::Sum, type);
+}
+
+void Communicator::broadcast(void* data, size_t count, DataType type, int src) {
+  checkUsable();
+  checkRoot(src, "src");
+  Collective c;
+  c.plan = makePlan({Primitive::Broadcast, rank_, worldSize_, count, src});
+  c.input = c.output = view(data, 0, count);
+  run(c, RedOp::Sum, type);
+}
+
+void Communicator::reduce(void* data, size_t count, DataType type, RedOp op, int dst) {
+  checkUsable();
+  checkRoot(dst, "dst");
+  Collective c;
+  c.plan = makePlan({Primitive::Reduce, rank_, worldSize_, count, dst});
+  c.input = c.output = view(data, 0, count);
+  run(c, op, type);
+}
+
+void Communicator::gather(void* output, const void* input, size_t inputCount, DataType type,
+                          int dst) {
+  checkUsable();
+  checkRoot(dst, "dst");
+  Collective c;
+  c.plan = makePlan({Primitive::Gather, rank_, worldSize_, inputCount, dst});
+  if (rank_ == dst) {
+    RC_CHECK(output != nullptr || inputCount == 0, "gather needs an output on dst rank ", dst);
+    c.input = c.output = view(output, 0, inputCount * worldSize_);
+    const size_t bytes = inputCount * dataTypeSize(type);
+    char* own = static_cast<char*>(output) + rank_ * bytes;
+    if (own != input) reducer_->copy(own, nullptr, input, bytes);
+  } else {
+    c.input = view(input, inputCount * rank_, inputCount);
+  }
+  run(c, RedOp::Sum, type);
+}
+
+void Communicator::scatter(void* output, const void* input, size_t outputCount, DataType type,
+                           int src) {
+  checkUsable();
+  checkRoot(src, "src");
+  Collective c;
+  c.plan = makePlan({Primitive::Scatter, rank_, worldSize_, outputCount, src});
+  c.output = view(output, outputCount * rank_, outputCount);
+  if (rank_ == src) {
+    RC_CHECK(input != nullptr || outputCount == 0, "scatter needs an input on src rank ", src);
+    c.input = view(input, 0, outputCount * worldSize_);
+    const size_t bytes = outputCount * dataTypeSize(type);
+    const char* own = static_cast<const char*>(input) + rank_ * bytes;
+    if (own != output) reducer_->copy(output, nullptr, own, bytes);
+  }
+  run(c, RedOp::Sum, type);
+}
+
+void Communicator::close() {
+  closed_ = true;
+  transport_.reset();  // unmaps shared memory, destroys NCCL communicators
+  reducer_.reset();
+}
+
+}  // namespace ringcomm

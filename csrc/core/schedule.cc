@@ -1,0 +1,198 @@
+// Ring plans for every primitive. Index arithmetic follows one rule per family:
+//   reduce-scatter / scatter: at ring step s rank r sends chunk r-1-s and receives chunk r-2-s,
+//   all-gather / gather:      at ring step s rank r sends chunk r-s   and receives chunk r-1-s,
+// so that rank r ends owning chunk r. A chunk received at ring step s is the one sent at step
+// s+1, which is why one plan step both receives and forwards (NCCL's recvReduceSend).
+#include "ringcomm/schedule.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "ringcomm/error.h"
+
+namespace ringcomm {
+namespace {
+
+int wrap(int value, int n) { return ((value % n) + n) % n; }
+
+// Stands for "the whole buffer" where a step index would name a chunk (chain primitives).
+constexpr int kWhole = std::numeric_limits<int>::min();
+
+class PlanBuilder {
+ public:
+  explicit PlanBuilder(Plan& plan)
+      : plan_(plan),
+        rank_(plan.request.rank),
+        size_(plan.request.worldSize),
+        prev_(wrap(rank_ - 1, size_)),
+        next_(wrap(rank_ + 1, size_)) {}
+
+  // Adds a step on chunk `chunk` (taken modulo the world size), or on the whole buffer.
+  Step& add(int chunk) {
+    Step step;
+    step.chunk = chunk == kWhole ? -1 : wrap(chunk, size_);
+    step.range = chunk == kWhole ? Range{0, plan_.bufferCount} : plan_.chunks[step.chunk];
+    plan_.steps.push_back(step);
+    return plan_.steps.back();
+  }
+  Step& send(int chunk) {
+    Step& step = add(chunk);
+    step.sendTo = next_;
+    return step;
+  }
+  Step& recv(int chunk, bool reduce, bool store) {
+    Step& step = add(chunk);
+    step.recvFrom = prev_;
+    step.reduce = reduce;
+    step.store = store;
+    step.finalize = reduce && store;
+    return step;
+  }
+  Step& recvSend(int chunk, bool reduce, bool store) {
+    Step& step = recv(chunk, reduce, store);
+    step.sendTo = next_;
+    return step;
+  }
+
+  // Reduce-scatter: rank r ends with chunk r fully reduced; `forwardLast` also sends it on,
+  // which is the first all-gather step of an allreduce.
+  void reduceScatter(bool forwardLast) {
+    send(rank_ - 1);
+    for (int s = 1; s <= size_ - 2; ++s) recvSend(rank_ - 1 - s, /*reduce=*/true, /*store=*/false);
+    if (forwardLast)
+      recvSend(rank_, /*reduce=*/true, /*store=*/true);
+    else
+      recv(rank_, /*reduce=*/true, /*store=*/true);
+  }
+
+  // All-gather after rank r holds chunk r; `sendOwn` is false when reduce-scatter already sent it.
+  void allGather(bool sendOwn) {
+    if (sendOwn) send(rank_);
+    for (int s = 1; s <= size_ - 2; ++s) recvSend(rank_ - s, /*reduce=*/false, /*store=*/true);
+    recv(rank_ + 1, /*reduce=*/false, /*store=*/true);
+  }
+
+  // Position along the ring counted from the root.
+  int distanceFromRoot() const { return wrap(rank_ - plan_.request.root, size_); }
+
+  void broadcast() {
+    int p = distanceFromRoot();
+    if (p == 0)
+      send(kWhole);
+    else if (p < size_ - 1)
+      recvSend(kWhole, /*reduce=*/false, /*store=*/true);
+    else
+      recv(kWhole, /*reduce=*/false, /*store=*/true);
+  }
+
+  // The chain runs root+1 -> root+2 -> ... -> root; only the root stores the result.
+  void reduce() {
+    int p = distanceFromRoot();
+    if (p == 1)
+      send(kWhole);
+    else if (p > 1)
+      recvSend(kWhole, /*reduce=*/true, /*store=*/false);
+    else
+      recv(kWhole, /*reduce=*/true, /*store=*/true);
+  }
+
+  // All-gather truncated: a rank forwards only what lies between it and the root.
+  void gather() {
+    int p = distanceFromRoot();
+    if (p == 0) {
+      for (int s = 0; s <= size_ - 2; ++s) recv(rank_ - 1 - s, /*reduce=*/false, /*store=*/true);
+      return;
+    }
+    send(rank_);
+    for (int s = 1; s <= p - 1; ++s) recvSend(rank_ - s, /*reduce=*/false, /*store=*/false);
+  }
+
+  // Reduce-scatter's indices without reduction: the root sends the farthest chunk first.
+  void scatter() {
+    int p = distanceFromRoot();
+    if (p == 0) {
+      for (int s = 0; s <= size_ - 2; ++s) send(rank_ - 1 - s);
+      return;
+    }
+    for (int s = p - 1; s <= size_ - 3; ++s)
+      recvSend(rank_ - 2 - s, /*reduce=*/false, /*store=*/false);
+    recv(rank_, /*reduce=*/false, /*store=*/true);
+  }
+
+ private:
+  Plan& plan_;
+  int rank_, size_, prev_, next_;
+};
+
+}  // namespace
+
+Range balancedChunk(size_t count, int parts, int index) {
+  size_t base = count / parts, extra = count % parts, i = static_cast<size_t>(index);
+  return Range{i * base + std::min(i, extra), base + (i < extra ? 1 : 0)};
+}
+
+Range sliceOf(const Range& range, size_t column, size_t sliceElems) {
+  size_t start = column * sliceElems;
+  if (start >= range.count) return Range{range.offset + range.count, 0};
+  return Range{range.offset + start, std::min(sliceElems, range.count - start)};
+}
+
+size_t columnCount(const Plan& plan, size_t sliceElems) {
+  RC_CHECK(sliceElems > 0, "slice size must hold at least one element");
+  size_t longest = 0;
+  for (const Range& chunk : plan.chunks) longest = std::max(longest, chunk.count);
+  return std::max<size_t>(1, (longest + sliceElems - 1) / sliceElems);
+}
+
+Plan makePlan(const PlanRequest& request) {
+  const int n = request.worldSize;
+  RC_CHECK(n >= 1, "world size must be at least 1, got ", n);
+  RC_CHECK(request.rank >= 0 && request.rank < n, "rank ", request.rank,
+           " is outside the world of ", n, " ranks");
+  RC_CHECK(request.root >= 0 && request.root < n, "root rank ", request.root,
+           " is outside the world of ", n, " ranks");
+
+  Plan plan;
+  plan.request = request;
+  const bool chunked = request.primitive != Primitive::Broadcast &&
+                       request.primitive != Primitive::Reduce;
+  const bool balanced = request.primitive == Primitive::AllReduce;
+  plan.bufferCount = chunked && !balanced ? request.count * n : request.count;
+  if (chunked) {
+    for (int i = 0; i < n; ++i)
+      plan.chunks.push_back(balanced ? balancedChunk(request.count, n, i)
+                                     : Range{request.count * i, request.count});
+  } else {
+    plan.chunks.push_back(Range{0, request.count});
+  }
+  if (n == 1) return plan;  // nothing to exchange
+
+  PlanBuilder builder(plan);
+  switch (request.primitive) {
+    case Primitive::AllReduce:
+      builder.reduceScatter(/*forwardLast=*/true);
+      builder.allGather(/*sendOwn=*/false);
+      break;
+    case Primitive::ReduceScatter:
+      builder.reduceScatter(/*forwardLast=*/false);
+      break;
+    case Primitive::AllGather:
+      builder.allGather(/*sendOwn=*/true);
+      break;
+    case Primitive::Broadcast:
+      builder.broadcast();
+      break;
+    case Primitive::Reduce:
+      builder.reduce();
+      break;
+    case Primitive::Gather:
+      builder.gather();
+      break;
+    case Primitive::Scatter:
+      builder.scatter();
+      break;
+  }
+  return plan;
+}
+
+}  // namespace ringcomm

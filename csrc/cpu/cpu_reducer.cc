@@ -1,0 +1,182 @@
+// CPU reduction: dispatch on (dtype, op) once per slice, then one tight loop per variant.
+#include "cpu/cpu_reducer.h"
+
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+#include "cpu/half.h"
+#include "ringcomm/error.h"
+
+namespace ringcomm {
+namespace {
+
+struct Half { uint16_t bits; };
+struct BHalf { uint16_t bits; };
+
+// How an element is loaded into the type arithmetic happens in, and stored back.
+template <typename T>
+struct Codec {
+  using Acc = T;
+  static Acc load(T v) { return v; }
+  static T store(Acc v) { return v; }
+};
+template <>
+struct Codec<Half> {
+  using Acc = float;
+  static float load(Half v) { return fp16ToFloat(v.bits); }
+  static Half store(float v) { return Half{floatToFp16(v)}; }
+};
+template <>
+struct Codec<BHalf> {
+  using Acc = float;
+  static float load(BHalf v) { return bf16ToFloat(v.bits); }
+  static BHalf store(float v) { return BHalf{floatToBf16(v)}; }
+};
+template <>
+struct Codec<bool> {
+  using Acc = uint8_t;  // bool buffers hold 0 or 1 bytes; ops below keep them so
+  static uint8_t load(bool v) { return v; }
+  static bool store(uint8_t v) { return v != 0; }
+};
+
+// Signed overflow wraps, as in two's complement hardware, instead of being undefined.
+template <typename A>
+A wrapAdd(A x, A y) {
+  if constexpr (std::is_integral_v<A> && std::is_signed_v<A>)
+    return static_cast<A>(static_cast<std::make_unsigned_t<A>>(x) +
+                          static_cast<std::make_unsigned_t<A>>(y));
+  else
+    return x + y;
+}
+template <typename A>
+A wrapMul(A x, A y) {
+  if constexpr (std::is_integral_v<A> && std::is_signed_v<A>)
+    return static_cast<A>(static_cast<std::make_unsigned_t<A>>(x) *
+                          static_cast<std::make_unsigned_t<A>>(y));
+  else
+    return static_cast<A>(x * y);
+}
+
+template <typename A>
+A minOf(A x, A y) {
+  if constexpr (std::is_floating_point_v<A>)
+    if (std::isnan(y)) return y;  // NaN wins, as in torch.minimum
+  return y < x ? y : x;
+}
+template <typename A>
+A maxOf(A x, A y) {
+  if constexpr (std::is_floating_point_v<A>)
+    if (std::isnan(y)) return y;
+  return y > x ? y : x;
+}
+
+template <typename T, bool kBool = std::is_same_v<T, bool>>
+struct Ops {
+  using A = typename Codec<T>::Acc;
+  // Returns op(x, y); bool maps arithmetic to logic (sum/max = or, prod/min = and).
+  static A apply(RedOp op, A x, A y) {
+    if constexpr (kBool) {
+      switch (op) {
+        case RedOp::Sum: case RedOp::Max: case RedOp::BOr: case RedOp::LOr: return x | y;
+        case RedOp::Prod: case RedOp::Min: case RedOp::BAnd: case RedOp::LAnd: return x & y;
+        case RedOp::BXor: return x ^ y;
+        default: break;
+      }
+    } else {
+      switch (op) {
+        case RedOp::Sum: case RedOp::Avg: return wrapAdd(x, y);
+        case RedOp::Prod: return wrapMul(x, y);
+        case RedOp::Min: return minOf(x, y);
+        case RedOp::Max: return maxOf(x, y);
+        default:
+          if constexpr (std::is_integral_v<A>) {
+            switch (op) {
+              case RedOp::BAnd: return x & y;
+              case RedOp::BOr: return x | y;
+              case RedOp::BXor: return x ^ y;
+              case RedOp::LAnd: return (x != 0) && (y != 0);
+              case RedOp::LOr: return (x != 0) || (y != 0);
+              default: break;
+            }
+          }
+      }
+    }
+    RC_THROW("op '", redOpName(op), "' is not supported for this data type");
+  }
+};
+
+template <typename T, typename Fn>
+void loop(T* out0, T* out1, const T* a, const T* b, size_t n, Fn fn) {
+  using C = Codec<T>;
+  // One loop per output combination keeps each loop branch-free, so it vectorises.
+  if (out0 && out1) {
+    for (size_t i = 0; i < n; ++i) out0[i] = out1[i] = C::store(fn(C::load(a[i]), C::load(b[i])));
+  } else if (out0) {
+    for (size_t i = 0; i < n; ++i) out0[i] = C::store(fn(C::load(a[i]), C::load(b[i])));
+  } else if (out1) {
+    for (size_t i = 0; i < n; ++i) out1[i] = C::store(fn(C::load(a[i]), C::load(b[i])));
+  }
+}
+
+template <typename T>
+void reduceTyped(void* out0, void* out1, const void* a, const void* b, size_t n,
+                 const ReduceSpec& spec, bool finalize) {
+  using A = typename Codec<T>::Acc;
+  auto* o0 = static_cast<T*>(out0);
+  auto* o1 = static_cast<T*>(out1);
+  auto* x = static_cast<const T*>(a);
+  auto* y = static_cast<const T*>(b);
+  const bool divide = finalize && spec.op == RedOp::Avg && spec.divisor != 1;
+  // The common ops get their own loops so the op is known at compile time.
+  switch (spec.op) {
+    case RedOp::Sum:
+      if constexpr (!std::is_same_v<T, bool>)
+        return loop(o0, o1, x, y, n, [](A p, A q) { return wrapAdd(p, q); });
+      break;
+    case RedOp::Avg:
+      if constexpr (!std::is_same_v<T, bool>) {
+        if (!divide) return loop(o0, o1, x, y, n, [](A p, A q) { return wrapAdd(p, q); });
+        const A d = static_cast<A>(spec.divisor);
+        return loop(o0, o1, x, y, n, [d](A p, A q) { return static_cast<A>(wrapAdd(p, q) / d); });
+      }
+      break;
+    case RedOp::Max:
+      if constexpr (!std::is_same_v<T, bool>)
+        return loop(o0, o1, x, y, n, [](A p, A q) { return maxOf(p, q); });
+      break;
+    case RedOp::Min:
+      if constexpr (!std::is_same_v<T, bool>)
+        return loop(o0, o1, x, y, n, [](A p, A q) { return minOf(p, q); });
+      break;
+    default:
+      break;
+  }
+  const RedOp op = spec.op;
+  loop(o0, o1, x, y, n, [op](A p, A q) { return Ops<T>::apply(op, p, q); });
+}
+
+}  // namespace
+
+void CpuReducer::reduce(void* out0, void* out1, const void* a, const void* b, size_t n,
+                        const ReduceSpec& spec, bool finalize) {
+  switch (spec.type) {
+    case DataType::Float32: return reduceTyped<float>(out0, out1, a, b, n, spec, finalize);
+    case DataType::Float64: return reduceTyped<double>(out0, out1, a, b, n, spec, finalize);
+    case DataType::Float16: return reduceTyped<Half>(out0, out1, a, b, n, spec, finalize);
+    case DataType::BFloat16: return reduceTyped<BHalf>(out0, out1, a, b, n, spec, finalize);
+    case DataType::Int8: return reduceTyped<int8_t>(out0, out1, a, b, n, spec, finalize);
+    case DataType::UInt8: return reduceTyped<uint8_t>(out0, out1, a, b, n, spec, finalize);
+    case DataType::Int32: return reduceTyped<int32_t>(out0, out1, a, b, n, spec, finalize);
+    case DataType::Int64: return reduceTyped<int64_t>(out0, out1, a, b, n, spec, finalize);
+    case DataType::Bool: return reduceTyped<bool>(out0, out1, a, b, n, spec, finalize);
+  }
+  RC_THROW("unknown data type ", static_cast<int>(spec.type));
+}
+
+void CpuReducer::copy(void* out0, void* out1, const void* src, size_t bytes) {
+  if (out0 && out0 != src) std::memcpy(out0, src, bytes);
+  if (out1 && out1 != src) std::memcpy(out1, src, bytes);
+}
+
+}  // namespace ringcomm

@@ -1,0 +1,239 @@
+#include "cpu/shm_channel.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <random>
+
+#include "ringcomm/error.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define RC_CPU_RELAX() _mm_pause()
+#else
+#define RC_CPU_RELAX() std::atomic_signal_fence(std::memory_order_seq_cst)
+#endif
+
+namespace ringcomm {
+namespace {
+
+constexpr uint64_t kMagic = 0x72696e67636f6d6dULL;  // "ringcomm"
+
+size_t slotStride(size_t slotBytes) { return sizeof(SlotHeader) + ((slotBytes + 63) / 64) * 64; }
+
+size_t segmentBytes(size_t slotBytes, uint32_t slotCount) {
+  return sizeof(ChannelControl) + slotStride(slotBytes) * slotCount;
+}
+
+std::string uniqueName(int ownerRank) {
+  static std::atomic<uint32_t> counter{0};
+  std::random_device random;
+  return detail::concat("/ringcomm-", getpid(), "-r", ownerRank, "-", counter++, "-",
+                        std::hex, random());
+}
+
+void futexWait(std::atomic<uint32_t>& word, uint32_t stale, int millis) {
+  timespec timeout{millis / 1000, (millis % 1000) * 1000000L};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT, stale, &timeout, nullptr, 0);
+}
+
+void futexWakeAll(std::atomic<uint32_t>& word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr,
+          0);
+}
+
+// A process that exited is gone (ESRCH) or a zombie its parent has not reaped yet.
+bool processAlive(pid_t pid) {
+  if (pid <= 0) return true;  // not known yet
+  if (kill(pid, 0) != 0 && errno == ESRCH) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return true;
+  size_t close = line.rfind(')');
+  return close == std::string::npos || close + 2 >= line.size() || line[close + 2] != 'Z';
+}
+
+}  // namespace
+
+ShmChannel ShmChannel::create(size_t slotBytes, uint32_t slotCount, int ownerRank) {
+  RC_CHECK(slotCount >= 2, "a shared-memory channel needs at least 2 slots");
+  ShmChannel channel;
+  channel.name_ = uniqueName(ownerRank);
+  channel.owner_ = true;
+  channel.mappedBytes_ = segmentBytes(slotBytes, slotCount);
+  int fd = shm_open(channel.name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  RC_CHECK(fd >= 0, "cannot create shared memory ", channel.name_, ": ", std::strerror(errno));
+  if (ftruncate(fd, static_cast<off_t>(channel.mappedBytes_)) != 0) {
+    int err = errno;
+    close(fd);
+    shm_unlink(channel.name_.c_str());
+    RC_THROW("cannot size shared memory ", channel.name_, " to ", channel.mappedBytes_,
+             " bytes: ", std::strerror(err), " (is /dev/shm full?)");
+  }
+  void* memory = mmap(nullptr, channel.mappedBytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int err = errno;
+  close(fd);
+  if (memory == MAP_FAILED) {
+    shm_unlink(channel.name_.c_str());
+    RC_THROW("cannot map shared memory ", channel.name_, ": ", std::strerror(err));
+  }
+  auto* control = new (memory) ChannelControl();
+  control->slotBytes = slotBytes;
+  control->slotCount = slotCount;
+  control->senderPid = getpid();
+  control->magic = kMagic;
+  channel.control_ = control;
+  return channel;
+}
+
+ShmChannel ShmChannel::attach(const std::string& name) {
+  ShmChannel channel;
+  channel.name_ = name;
+  int fd = shm_open(name.c_str(), O_RDWR, 0600);
+  RC_CHECK(fd >= 0, "cannot open shared memory ", name, " of the previous rank: ",
+           std::strerror(errno), " (ranks must run on one host)");
+  struct stat info {};
+  fstat(fd, &info);
+  channel.mappedBytes_ = static_cast<size_t>(info.st_size);
+  void* memory = channel.mappedBytes_ >= sizeof(ChannelControl)
+                     ? mmap(nullptr, channel.mappedBytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                     : MAP_FAILED;
+  close(fd);
+  shm_unlink(name.c_str());  // both ends hold it now; the name is no longer needed
+  RC_CHECK(memory != MAP_FAILED, "cannot map shared memory ", name, " of the previous rank");
+  channel.control_ = static_cast<ChannelControl*>(memory);
+  RC_CHECK(channel.control_->magic == kMagic &&
+               segmentBytes(channel.control_->slotBytes, channel.control_->slotCount) ==
+                   channel.mappedBytes_,
+           "shared memory ", name, " is not a ringcomm channel");
+  channel.control_->receiverPid.store(getpid());
+  return channel;
+}
+
+ShmChannel::ShmChannel(ShmChannel&& other) noexcept { *this = std::move(other); }
+
+ShmChannel& ShmChannel::operator=(ShmChannel&& other) noexcept {
+  std::swap(name_, other.name_);
+  std::swap(control_, other.control_);
+  std::swap(mappedBytes_, other.mappedBytes_);
+  std::swap(owner_, other.owner_);
+  std::swap(cursor_, other.cursor_);
+  return *this;
+}
+
+ShmChannel::~ShmChannel() {
+  if (owner_) unlinkName();
+  if (control_ != nullptr) munmap(control_, mappedBytes_);
+}
+
+void ShmChannel::unlinkName() {
+  if (!name_.empty()) shm_unlink(name_.c_str());  // ENOENT once the peer unlinked it: fine
+}
+
+SlotHeader* ShmChannel::slot(uint32_t index) const {
+  char* first = reinterpret_cast<char*>(control_) + sizeof(ChannelControl);
+  return reinterpret_cast<SlotHeader*>(first + slotStride(control_->slotBytes) *
+                                                   (index % control_->slotCount));
+}
+
+void ShmChannel::throwIfAborted() const {
+  if (control_->aborted.load(std::memory_order_acquire))
+    RC_THROW_AS(PeerError, "the ring was aborted: ", control_->abortReason);
+}
+
+void ShmChannel::waitChange(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleeping,
+                            uint32_t stale, const WaitPolicy& policy, int peerRank,
+                            pid_t peerPid, const char* what) const {
+  for (int i = 0; i < policy.spins; ++i) {
+    if (word.load(std::memory_order_acquire) != stale) return;
+    RC_CPU_RELAX();
+  }
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::duration<double>(policy.timeoutSeconds);
+  for (int round = 0;; ++round) {
+    // Announce the sleep before the last look, so a publisher either sees the flag or we see
+    // its update (both sides use sequentially consistent operations).
+    sleeping.store(1, std::memory_order_seq_cst);
+    if (word.load(std::memory_order_seq_cst) != stale) break;
+    throwIfAborted();
+    // A few yields first: on two cores the peer often just needs the CPU for a moment.
+    if (round < 8)
+      sched_yield();
+    else
+      futexWait(word, stale, policy.sleepMillis);
+    if (word.load(std::memory_order_acquire) != stale) break;
+    throwIfAborted();
+    if ((round & 7) == 7 && !processAlive(peerPid))
+      RC_THROW_AS(PeerError, "rank ", peerRank, " (process ", peerPid, ") died while this rank ",
+                  "was waiting for it to ", what);
+    if (Clock::now() > deadline)
+      RC_THROW_AS(TimeoutError, "timed out after ", policy.timeoutSeconds,
+                  " s waiting for rank ", peerRank, " to ", what);
+  }
+  sleeping.store(0, std::memory_order_relaxed);
+}
+
+void* ShmChannel::acquireSend(const WaitPolicy& policy, int peerRank) {
+  throwIfAborted();
+  const uint32_t full = cursor_ - control_->slotCount;
+  if (control_->tail.load(std::memory_order_acquire) == full)
+    waitChange(control_->tail, control_->senderSleeping, full, policy, peerRank,
+               control_->receiverPid.load(), "take a message (all slots are full)");
+  return slot(cursor_) + 1;
+}
+
+void ShmChannel::commitSend(const Envelope& envelope) {
+  slot(cursor_)->envelope = envelope;
+  ++cursor_;
+  control_->head.store(cursor_, std::memory_order_seq_cst);
+  if (control_->receiverSleeping.load(std::memory_order_seq_cst)) {
+    control_->receiverSleeping.store(0, std::memory_order_relaxed);
+    futexWakeAll(control_->head);
+  }
+}
+
+const void* ShmChannel::acquireRecv(const Envelope& expected, const WaitPolicy& policy,
+                                    int peerRank) {
+  throwIfAborted();
+  if (control_->head.load(std::memory_order_acquire) == cursor_)
+    waitChange(control_->head, control_->receiverSleeping, cursor_, policy, peerRank,
+               control_->senderPid, "send a message");
+  const SlotHeader* header = slot(cursor_);
+  const Envelope& got = header->envelope;
+  if (!got.sameCollective(expected) || got.bytes != expected.bytes)
+    RC_THROW_AS(MismatchError, "collective mismatch: rank ", peerRank, " sent ",
+                describeEnvelope(got), " but this rank is running ", describeEnvelope(expected));
+  return header + 1;
+}
+
+void ShmChannel::releaseRecv() {
+  ++cursor_;
+  control_->tail.store(cursor_, std::memory_order_seq_cst);
+  if (control_->senderSleeping.load(std::memory_order_seq_cst)) {
+    control_->senderSleeping.store(0, std::memory_order_relaxed);
+    futexWakeAll(control_->tail);
+  }
+}
+
+void ShmChannel::abort(const std::string& why) {
+  if (control_ == nullptr) return;
+  if (!control_->aborted.load()) {
+    std::strncpy(control_->abortReason, why.c_str(), sizeof(control_->abortReason) - 1);
+    control_->aborted.store(1, std::memory_order_seq_cst);
+  }
+  futexWakeAll(control_->head);
+  futexWakeAll(control_->tail);
+}
+
+}  // namespace ringcomm

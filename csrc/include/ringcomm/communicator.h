@@ -1,0 +1,66 @@
+// Communicator: one rank's handle on a ring. Checks arguments, builds the plan, maps the caller's
+// buffers onto the plan's logical buffer and runs it. Device-agnostic: the transport and reducer
+// decide where bytes live. After any failure it refuses further use (peers may be mid-step).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "ringcomm/executor.h"
+#include "ringcomm/reducer.h"
+#include "ringcomm/schedule.h"
+#include "ringcomm/transport.h"
+
+namespace ringcomm {
+
+struct CommunicatorOptions {
+  size_t sliceBytes = 256 * 1024;
+};
+
+class Communicator {
+ public:
+  // Shared ownership so the Python layer can build the transport (it needs a name exchange
+  // first) and hand it over.
+  Communicator(int rank, int worldSize, std::shared_ptr<Transport> transport,
+               std::shared_ptr<Reducer> reducer, CommunicatorOptions options = {});
+
+  int rank() const { return rank_; }
+  int worldSize() const { return worldSize_; }
+  uint64_t sequence() const { return sequence_; }
+  bool closed() const { return closed_; }
+  const std::string& failure() const { return failure_; }
+  Transport& transport() { return *transport_; }
+  Reducer& reducer() { return *reducer_; }
+
+  // Pointers are raw device or host addresses; counts are elements of `type`.
+  void allReduce(void* data, size_t count, DataType type, RedOp op);
+  void reduceScatter(void* output, const void* input, size_t outputCount, DataType type,
+                     RedOp op);
+  void allGather(void* output, const void* input, size_t inputCount, DataType type);
+  void broadcast(void* data, size_t count, DataType type, int src);
+  void reduce(void* data, size_t count, DataType type, RedOp op, int dst);
+  // `output` is used on dst only; `input` on src only (may be null elsewhere).
+  void gather(void* output, const void* input, size_t inputCount, DataType type, int dst);
+  void scatter(void* output, const void* input, size_t outputCount, DataType type, int src);
+
+  void setSliceBytes(size_t bytes);
+  size_t sliceBytes() const { return options_.sliceBytes; }
+  void close();
+
+ private:
+  void checkUsable() const;
+  void checkRoot(int root, const char* name) const;
+  void run(Collective& collective, RedOp op, DataType type);
+
+  int rank_, worldSize_;
+  std::shared_ptr<Transport> transport_;
+  std::shared_ptr<Reducer> reducer_;
+  CommunicatorOptions options_;
+  uint64_t sequence_ = 0;
+  bool closed_ = false;
+  std::string failure_;
+};
+
+}  // namespace ringcomm

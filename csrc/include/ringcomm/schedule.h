@@ -1,0 +1,64 @@
+// The ring schedule as pure data: what each rank sends, receives and combines, step by step.
+//
+// A plan works on a logical buffer of `chunkCount * worldSize`-ish elements cut into worldSize
+// chunks (or, for broadcast and reduce, one range: the whole buffer). Every step is one of NCCL's
+// ring primitives, described by flags:
+//   value = recvFrom >= 0 ? (reduce ? op(buf[range], received) : received) : buf[range]
+//   if finalize: value = postOp(value)        (AVG's division, applied once per element)
+//   if store:    buf[range] = value
+//   if sendTo >= 0: send value to sendTo
+// The executor runs the whole plan once per slice column, so a chunk larger than one slice is
+// pipelined: step k of column c+1 can start while the next rank still works on column c.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "ringcomm/types.h"
+
+namespace ringcomm {
+
+struct Range {
+  size_t offset = 0;  // in elements of the logical buffer
+  size_t count = 0;
+};
+
+struct Step {
+  int recvFrom = -1;  // rank received from, or -1
+  int sendTo = -1;    // rank sent to, or -1
+  int chunk = -1;     // chunk index of `range`, or -1 for a chain over the whole buffer
+  Range range;
+  bool reduce = false;
+  bool store = false;
+  bool finalize = false;
+};
+
+struct PlanRequest {
+  Primitive primitive = Primitive::AllReduce;
+  int rank = 0;
+  int worldSize = 1;
+  // Elements per rank's contribution: the whole tensor for all_reduce, broadcast and reduce;
+  // one rank's block (output for reduce_scatter and scatter, input for all_gather and gather).
+  size_t count = 0;
+  int root = 0;  // broadcast src, reduce/gather dst, scatter src
+};
+
+struct Plan {
+  PlanRequest request;
+  size_t bufferCount = 0;  // elements of the logical buffer the ranges index
+  std::vector<Range> chunks;
+  std::vector<Step> steps;
+};
+
+Plan makePlan(const PlanRequest& request);
+
+// Range of `range` that slice column `column` covers when slices hold `sliceElems` elements.
+Range sliceOf(const Range& range, size_t column, size_t sliceElems);
+// Number of slice columns every rank runs (at least one, so even empty collectives exchange a
+// message that carries the mismatch-check header).
+size_t columnCount(const Plan& plan, size_t sliceElems);
+
+// Balanced split of `count` elements into `parts` contiguous chunks (first count % parts get +1).
+Range balancedChunk(size_t count, int parts, int index);
+
+}  // namespace ringcomm

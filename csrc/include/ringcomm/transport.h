@@ -1,0 +1,52 @@
+// Transport: moves messages between ring neighbours. Zero-copy shaped: the executor writes a
+// message straight into the transport's send slot and reads one straight out of its receive slot,
+// so a reduction can read the incoming slice and write the outgoing one in a single pass.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace ringcomm {
+
+// Every message says which collective it belongs to, so a rank that called something different
+// is caught at its first message instead of hanging or corrupting data.
+struct Envelope {
+  uint64_t sequence = 0;  // collectives run so far on this communicator
+  int32_t primitive = 0;
+  int32_t dataType = 0;
+  int32_t op = 0;
+  int32_t root = 0;
+  uint64_t count = 0;
+  uint64_t bytes = 0;  // payload of this message
+
+  bool sameCollective(const Envelope& other) const {
+    return sequence == other.sequence && primitive == other.primitive &&
+           dataType == other.dataType && op == other.op && root == other.root &&
+           count == other.count;
+  }
+};
+
+// "all_reduce #12 (count 1000, float32, sum, root 0), 4000-byte message": for error messages.
+std::string describeEnvelope(const Envelope& envelope);
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  // Largest payload of one message.
+  virtual size_t maxMessageBytes() const = 0;
+  // Room for a message of `bytes` to `peer`; waits (with the timeout) for a free slot.
+  virtual void* acquireSend(int peer, size_t bytes) = 0;
+  // Publishes the message written into the slot from acquireSend.
+  virtual void commitSend(int peer, const Envelope& envelope) = 0;
+  // The next message from `peer`, which must match `expected` (same collective, same size):
+  // waits (with the timeout) until it arrives, raises MismatchError when it does not match.
+  virtual const void* acquireRecv(int peer, const Envelope& expected) = 0;
+  // Gives the slot of the message from acquireRecv back to `peer`.
+  virtual void releaseRecv(int peer) = 0;
+  // Makes every peer's pending and future waits on this transport fail promptly.
+  virtual void abort(const std::string& why) = 0;
+};
+
+}  // namespace ringcomm

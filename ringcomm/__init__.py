@@ -1,0 +1,52 @@
+"""ringcomm: ring collectives for deep-learning training.
+
+Example::
+
+    import torch, torch.distributed as dist, ringcomm
+    dist.init_process_group("gloo")
+    comm = ringcomm.Communicator()
+    t = torch.full((1000,), float(comm.rank))
+    comm.all_reduce(t)
+"""
+from . import _C
+from ._C import CommTimeoutError, MismatchError, PeerError, RingcommError
+from .communicator import Communicator
+from .ops import ReduceOp
+from .schedule import Schedule, schedule
+
+__all__ = [
+    "Communicator",
+    "ReduceOp",
+    "RingcommError",
+    "CommTimeoutError",
+    "MismatchError",
+    "PeerError",
+    "Schedule",
+    "build_info",
+    "init",
+    "schedule",
+]
+
+
+def init(group=None, timeout=None, **options):
+    """Shorthand for ``ringcomm.Communicator(group, timeout, ...)``.
+
+    Example::
+
+        comm = ringcomm.init(timeout=datetime.timedelta(seconds=60))
+    """
+    return Communicator(group, timeout, **options)
+
+
+def build_info():
+    """How this ringcomm was built: ``{"cuda": bool, "cuda_archs": [...], "nccl_version": str|None}``.
+
+    Example::
+
+        >>> ringcomm.build_info()["cuda"]
+        True
+    """
+    info = dict(_C.build_info())
+    csv = info.pop("cuda_archs_csv")
+    info["cuda_archs"] = [a for a in csv.split(",") if a]
+    return info

@@ -1,0 +1,108 @@
+"""What a collective needs to know of an array: address, length, dtype, device.
+
+Accepts torch tensors, numpy arrays and anything with the CUDA array interface (cupy)."""
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _C
+
+_NUMPY_DTYPES = {
+    "float32": "float32", "float64": "float64", "float16": "float16", "bfloat16": "bfloat16",
+    "int8": "int8", "uint8": "uint8", "int32": "int32", "int64": "int64", "bool": "bool",
+}
+_TORCH_DTYPES = {f"torch.{name}": name for name in _NUMPY_DTYPES}
+_TYPESTR_DTYPES = {"<f4": "float32", "<f8": "float64", "<f2": "float16", "|i1": "int8",
+                   "|u1": "uint8", "<i4": "int32", "<i8": "int64", "|b1": "bool"}
+
+
+@dataclass
+class Buffer:
+    """A contiguous array seen as raw memory."""
+
+    address: int
+    numel: int
+    dtype: str  # a key of _C.DataType
+    device: str  # "cpu" or "cuda"
+    device_index: int
+    readonly: bool
+    source: object
+
+    @property
+    def c_dtype(self):
+        return _C.DataType.__members__[self.dtype]
+
+    @property
+    def nbytes(self):
+        return self.numel * _C.dtype_size(self.c_dtype)
+
+    def element_address(self, index):
+        return self.address + index * _C.dtype_size(self.c_dtype)
+
+    def overlaps(self, other):
+        if self.numel == 0 or other.numel == 0 or self.device != other.device:
+            return False
+        return self.address < other.address + other.nbytes and other.address < self.address + self.nbytes
+
+
+def _unsupported(what, dtype):
+    names = ", ".join(_NUMPY_DTYPES)
+    return TypeError(f"{what} has dtype {dtype}, which ringcomm does not support (use one of {names})")
+
+
+def _from_torch(t, what):
+    dtype = _TORCH_DTYPES.get(str(t.dtype))
+    if dtype is None:
+        raise _unsupported(what, t.dtype)
+    if not t.is_contiguous():
+        raise ValueError(f"{what} must be contiguous (call .contiguous() first)")
+    if t.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{what} is on device {t.device}; ringcomm supports cpu and cuda tensors")
+    index = t.device.index if t.device.type == "cuda" else -1
+    if t.device.type == "cuda" and index is None:
+        index = 0
+    return Buffer(t.data_ptr(), t.numel(), dtype, t.device.type, index, False, t)
+
+
+def _from_numpy(a, what):
+    dtype = _NUMPY_DTYPES.get(a.dtype.name)
+    if dtype is None:
+        raise _unsupported(what, a.dtype)
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{what} must be C-contiguous (use numpy.ascontiguousarray)")
+    return Buffer(a.ctypes.data, a.size, dtype, "cpu", -1, not a.flags.writeable, a)
+
+
+def _from_cuda_array_interface(a, what):
+    info = a.__cuda_array_interface__
+    dtype = _TYPESTR_DTYPES.get(info["typestr"])
+    if dtype is None:
+        raise _unsupported(what, info["typestr"])
+    shape = tuple(info["shape"])
+    numel = int(np.prod(shape)) if shape else 1
+    strides = info.get("strides")
+    if strides is not None:
+        item = _C.dtype_size(_C.DataType.__members__[dtype])
+        expected, contiguous = item, True
+        for size, stride in zip(reversed(shape), reversed(strides)):
+            if size > 1 and stride != expected:
+                contiguous = False
+            expected *= size
+        if not contiguous:
+            raise ValueError(f"{what} must be C-contiguous")
+    address, readonly = info["data"]
+    device = getattr(getattr(a, "device", None), "id", 0)
+    return Buffer(address, numel, dtype, "cuda", int(device), bool(readonly), a)
+
+
+def as_buffer(array, what="tensor"):
+    """Buffer for a torch tensor, numpy array or CUDA-array-interface object; raises on bad input."""
+    module = type(array).__module__
+    if module.startswith("torch"):
+        return _from_torch(array, what)
+    if isinstance(array, np.ndarray):
+        return _from_numpy(array, what)
+    if hasattr(array, "__cuda_array_interface__"):
+        return _from_cuda_array_interface(array, what)
+    raise TypeError(f"{what} must be a torch.Tensor, numpy.ndarray or CUDA array (cupy), "
+                    f"not {type(array).__name__}")

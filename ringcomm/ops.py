@@ -1,0 +1,52 @@
+"""ReduceOp: the reductions ringcomm supports, and conversion from what users pass."""
+import enum
+
+from . import _C
+
+
+class ReduceOp(enum.Enum):
+    """Reduction operators, named as in ``torch.distributed.ReduceOp``.
+
+    Example::
+
+        comm.all_reduce(t, op=ringcomm.ReduceOp.MAX)   # or op="max", or dist.ReduceOp.MAX
+    """
+
+    SUM = "sum"
+    PROD = "prod"
+    MIN = "min"
+    MAX = "max"
+    AVG = "avg"
+    BAND = "band"
+    BOR = "bor"
+    BXOR = "bxor"
+    LAND = "land"
+    LOR = "lor"
+
+
+# torch.distributed.ReduceOp member names that differ from ours.
+_TORCH_NAMES = {"PRODUCT": ReduceOp.PROD}
+
+
+def to_reduce_op(op):
+    """ReduceOp from a ReduceOp, a torch.distributed.ReduceOp member, or a lowercase name."""
+    if isinstance(op, ReduceOp):
+        return op
+    if isinstance(op, str):
+        try:
+            return ReduceOp(op.lower())
+        except ValueError:
+            pass
+    else:
+        name = getattr(op, "name", None)  # torch.distributed.ReduceOp.RedOpType
+        if isinstance(name, str):
+            found = _TORCH_NAMES.get(name) or ReduceOp.__members__.get(name)
+            if found is not None:
+                return found
+    choices = ", ".join(repr(m.value) for m in ReduceOp)
+    raise ValueError(f"unsupported reduction op {op!r}; use a ringcomm.ReduceOp, a "
+                     f"torch.distributed.ReduceOp or one of {choices}")
+
+
+def to_c_op(op):
+    return _C.RedOp.__members__[to_reduce_op(op).value]

@@ -1,0 +1,59 @@
+"""Rendezvous through torch.distributed's Store: ranks publish and read small values
+(shared-memory names, NCCL unique ids) under a prefix unique to one communicator."""
+import datetime
+import itertools
+from collections import defaultdict
+
+import torch.distributed as dist
+
+# Communicators built in the same order on every rank get the same number, so their store keys
+# match without any extra exchange (the way torch names process groups).
+_instances = defaultdict(itertools.count)
+
+
+def timeout_seconds(timeout):
+    """Seconds from a datetime.timedelta, a number, or None (torch's default for its backends)."""
+    if timeout is None:
+        timeout = dist.default_pg_timeout
+    if isinstance(timeout, datetime.timedelta):
+        timeout = timeout.total_seconds()
+    timeout = float(timeout)
+    if timeout <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout} s")
+    return timeout
+
+
+class Rendezvous:
+    def __init__(self, group, timeout):
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("ringcomm needs torch.distributed.init_process_group(...) first: "
+                               "it takes rank, world size and the rendezvous store from it")
+        group = group or dist.group.WORLD
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        if self.rank < 0:
+            raise ValueError("this process is not a member of the given group")
+        self.timeout = timeout_seconds(timeout)
+        name = dist.distributed_c10d._get_process_group_name(group)
+        prefix = f"ringcomm/{name}/{next(_instances[name])}/"
+        self.store = dist.PrefixStore(prefix, dist.distributed_c10d._get_default_store())
+
+    def _wait(self, keys, what):
+        try:
+            self.store.wait(keys, datetime.timedelta(seconds=self.timeout))
+        except Exception as error:  # the store raises its own kinds; name what was awaited
+            from . import _C
+            raise _C.CommTimeoutError(f"rank {self.rank} timed out after {self.timeout} s waiting "
+                                      f"for {what} during ringcomm set-up: {error}") from error
+
+    def publish(self, key, value):
+        self.store.set(f"{key}/{self.rank}", value)
+
+    def read(self, key, rank):
+        self._wait([f"{key}/{rank}"], f"rank {rank} to publish '{key}'")
+        return self.store.get(f"{key}/{rank}")
+
+    def barrier(self, key):
+        if self.store.add(f"{key}/arrived", 1) == self.world_size:
+            self.store.set(f"{key}/done", b"1")
+        self._wait([f"{key}/done"], f"every rank to reach '{key}'")

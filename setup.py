@@ -1,0 +1,144 @@
+"""Builds ringcomm._C: always the CPU core; the CUDA part too when nvcc is found.
+
+Environment:
+  RINGCOMM_CUDA=0|1         force the CUDA part off or on (default: on when nvcc is found)
+  RINGCOMM_CUDA_ARCHS       GPU targets, e.g. "80,90" or "sm_80;sm_90" (default 80,90 + PTX)
+  RINGCOMM_NCCL_INCLUDE     folder holding nccl.h (default: the nvidia-nccl-cu13 wheel's)
+  RINGCOMM_BUILD_JOBS       parallel compile jobs (default: all cores)
+"""
+import glob
+import os
+import re
+import shutil
+import site
+import subprocess
+import sysconfig
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
+from setuptools import setup
+
+ROOT = Path(__file__).parent.resolve()
+CSRC = ROOT / "csrc"
+
+
+def find_cuda_home():
+    """The toolkit folder; the nvcc on PATH may be a wrapper script, so prefer env vars."""
+    for candidate in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if candidate and (Path(candidate) / "bin" / "nvcc").exists():
+            return Path(candidate)
+    nvcc = shutil.which("nvcc")
+    return Path(nvcc).resolve().parent.parent if nvcc else None
+
+
+def cuda_wanted(cuda_home):
+    forced = os.environ.get("RINGCOMM_CUDA")
+    if forced is not None:
+        if forced == "1" and cuda_home is None:
+            raise SystemExit("RINGCOMM_CUDA=1 but no CUDA toolkit (nvcc) was found; set CUDA_HOME")
+        return forced == "1"
+    return cuda_home is not None
+
+
+def find_nccl_include():
+    """nccl.h from RINGCOMM_NCCL_INCLUDE, the nvidia-nccl-cu13 wheel, or system folders.
+
+    pip's isolated builds hide the target environment's packages from import, so the wheel is
+    also looked for by path in the interpreter's site-packages folders."""
+    candidates = [os.environ.get("RINGCOMM_NCCL_INCLUDE")]
+    try:
+        import nvidia.nccl
+
+        candidates += [str(Path(p) / "include") for p in nvidia.nccl.__path__]
+    except ImportError:
+        pass
+    folders = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    folders.update(site.getsitepackages() if hasattr(site, "getsitepackages") else [])
+    candidates += [str(Path(f) / "nvidia" / "nccl" / "include") for f in sorted(folders)]
+    candidates += ["/usr/include", "/usr/local/include"]
+    for folder in candidates:
+        if folder and (Path(folder) / "nccl.h").exists():
+            return Path(folder)
+    raise SystemExit(
+        "Building ringcomm's CUDA part needs NCCL's headers: `pip install nvidia-nccl-cu13` "
+        "(or set RINGCOMM_NCCL_INCLUDE), or build without CUDA: RINGCOMM_CUDA=0")
+
+
+def nccl_header_version(include):
+    text = (include / "nccl.h").read_text()
+    parts = [re.search(rf"#define NCCL_{k}\s+(\d+)", text) for k in ("MAJOR", "MINOR", "PATCH")]
+    return ".".join(p.group(1) for p in parts) if all(parts) else "unknown"
+
+
+def cuda_archs():
+    raw = os.environ.get("RINGCOMM_CUDA_ARCHS", "80,90")
+    archs = [a.strip().lower().replace("sm_", "").replace(".", "") for a in re.split(r"[,; ]+", raw)]
+    return [a for a in archs if a]
+
+
+class BuildWithCuda(build_ext):
+    """Compiles csrc/cuda/*.cu with nvcc first, then links the objects into the extension."""
+
+    def build_extension(self, ext):
+        cuda = getattr(ext, "cuda", None)
+        if cuda:
+            ext.extra_objects += self.compile_cuda(cuda)
+        super().build_extension(ext)
+
+    def compile_cuda(self, cuda):
+        archs = cuda["archs"]
+        flags = ["-std=c++17", "-O3", "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
+                 "--expt-relaxed-constexpr", f"-I{CSRC / 'include'}", f"-I{CSRC}",
+                 f"-I{cuda['nccl_include']}"]
+        for arch in archs:
+            flags += ["-gencode", f"arch=compute_{arch},code=sm_{arch}"]
+        flags += ["-gencode", f"arch=compute_{archs[-1]},code=compute_{archs[-1]}"]  # PTX
+        out_dir = Path(self.build_temp) / "cuda"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        sources = sorted(glob.glob(str(CSRC / "cuda" / "*.cu")))
+        jobs = [(src, str(out_dir / (Path(src).stem + ".o"))) for src in sources]
+
+        def run(job):
+            src, obj = job
+            print(f"nvcc {Path(src).name}", flush=True)
+            subprocess.check_call([str(cuda["nvcc"]), *flags, "-c", src, "-o", obj])
+            return obj
+
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            return list(pool.map(run, jobs))
+
+
+def make_extension():
+    sources = [str(CSRC / "bindings.cc")]
+    sources += sorted(glob.glob(str(CSRC / "core" / "*.cc")))
+    sources += sorted(glob.glob(str(CSRC / "cpu" / "*.cc")))
+    ext = Pybind11Extension(
+        "ringcomm._C",
+        sources=[os.path.relpath(s, ROOT) for s in sources],
+        include_dirs=[str(CSRC / "include"), str(CSRC)],
+        cxx_std=17,
+        extra_compile_args=["-O3"],
+        libraries=["rt", "pthread", "dl"],
+    )
+    ext.cuda = None
+    cuda_home = find_cuda_home()
+    if cuda_wanted(cuda_home):
+        nccl_include = find_nccl_include()
+        archs = cuda_archs()
+        ext.sources += [os.path.relpath(s, ROOT) for s in
+                        sorted(glob.glob(str(CSRC / "cuda" / "*.cc"))) + [str(CSRC / "bindings_cuda.cc")]]
+        ext.include_dirs += [str(cuda_home / "include"), str(nccl_include)]
+        ext.library_dirs += [str(cuda_home / "lib64")]
+        ext.libraries = ["cudart_static"] + ext.libraries  # no libcudart needed at run time
+        ext.define_macros += [
+            ("RINGCOMM_WITH_CUDA", "1"),
+            ("RINGCOMM_CUDA_ARCHS", '"' + ",".join(f"sm_{a}" for a in archs) + '"'),
+            ("RINGCOMM_NCCL_HEADER_VERSION", '"' + nccl_header_version(nccl_include) + '"'),
+        ]
+        ext.cuda = {"nvcc": cuda_home / "bin" / "nvcc", "archs": archs, "nccl_include": nccl_include}
+    return ext
+
+
+ParallelCompile("RINGCOMM_BUILD_JOBS", default=0).install()
+setup(ext_modules=[make_extension()], cmdclass={"build_ext": BuildWithCuda})

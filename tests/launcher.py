@@ -1,0 +1,72 @@
+"""Runs a function on N real local processes joined by torch.distributed (gloo, file store).
+
+The function gets (rank, world_size, *args) and runs after init_process_group; its return
+value comes back to the parent. Every exit code is checked; a worker's exception is re-raised in
+the parent with the worker's traceback; a run past `timeout` kills every worker and fails."""
+import multiprocessing
+import os
+import queue
+import tempfile
+import time
+import traceback
+
+
+class WorkerError(AssertionError):
+    pass
+
+
+def _worker(fn, rank, world_size, store_path, results, args):
+    try:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank,
+                                world_size=world_size)
+        try:
+            value = fn(rank, world_size, *args)
+        finally:
+            dist.destroy_process_group()
+        results.put((rank, True, value))
+    except BaseException:  # report everything, including assertion failures
+        results.put((rank, False, traceback.format_exc()))
+        raise SystemExit(1)
+
+
+def launch(world_size, fn, *args, timeout=120, allow_exit=None):
+    """Runs fn on world_size processes; returns the list of return values by rank.
+
+    allow_exit: ranks whose process may end without reporting (killed on purpose by a test)."""
+    allow_exit = set(allow_exit or ())
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        store_path = os.path.join(tmp, "store")
+        procs = [ctx.Process(target=_worker, args=(fn, r, world_size, store_path, results, args))
+                 for r in range(world_size)]
+        for p in procs:
+            p.start()
+        values, failures = {}, []
+        deadline = time.monotonic() + timeout
+        while len(values) + len(failures) < world_size - len(allow_exit):
+            try:
+                rank, ok, value = results.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                if time.monotonic() > deadline:
+                    break
+                continue
+            (values.__setitem__(rank, value) if ok else failures.append((rank, value)))
+        for p in procs:
+            p.join(timeout=max(1.0, deadline - time.monotonic()))
+        hung = [r for r, p in enumerate(procs) if p.is_alive()]
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+        if failures:
+            rank, trace = sorted(failures)[0]
+            raise WorkerError(f"rank {rank} of {world_size} failed:\n{trace}")
+        if hung:
+            raise WorkerError(f"ranks {hung} of {world_size} did not finish within {timeout} s")
+        bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0 and r not in allow_exit]
+        if bad:
+            raise WorkerError(f"worker exit codes (rank, code): {bad}")
+        return [values.get(r) for r in range(world_size)]

@@ -1,0 +1,145 @@
+"""The ring schedule, checked as data: a symbolic run of every rank's plan, with messages as
+multisets of contributing ranks, proves each chunk is reduced by every rank exactly once and
+that every rank ends with what it should -- for every primitive, N = 1..64, awkward counts."""
+from collections import Counter, deque
+
+import pytest
+
+import ringcomm
+from ringcomm import _C
+
+PRIMITIVES = list(_C.Primitive.__members__)
+
+
+def plans(primitive, n, count, root):
+    kind = _C.Primitive.__members__[primitive]
+    return [_C.make_plan(kind, r, n, count, root) for r in range(n)]
+
+
+def initial(primitive, rank, n, root):
+    """Each rank's chunks before the collective: Counter of contributions, or a tag, or None."""
+    if primitive in ("all_reduce", "reduce_scatter", "reduce"):
+        return lambda chunk: Counter({rank: 1})
+    if primitive in ("all_gather", "gather"):
+        return lambda chunk: ("data", rank) if chunk in (rank, -1) else None
+    if primitive == "broadcast":
+        return lambda chunk: ("data", root) if rank == root else None
+    return lambda chunk: ("scatter", chunk) if rank == root else None  # scatter
+
+
+def simulate(primitive, n, count, root=0):
+    """Runs all plans over FIFO channels; returns each rank's final chunks (dict chunk -> value)."""
+    all_plans = plans(primitive, n, count, root)
+    buffers = []
+    for r, plan in enumerate(all_plans):
+        start = initial(primitive, r, n, root)
+        chunks = {-1} if primitive in ("broadcast", "reduce") else set(range(n))
+        buffers.append({c: start(c) for c in chunks})
+    channels = {(r, (r + 1) % n): deque() for r in range(n)}
+    cursor = [0] * n
+    progressed = True
+    while progressed:
+        progressed = False
+        for r, plan in enumerate(all_plans):
+            steps = plan["steps"]
+            while cursor[r] < len(steps):
+                step = steps[cursor[r]]
+                chunk = step["chunk"]
+                if step["recv_from"] >= 0:
+                    assert step["recv_from"] == (r - 1) % n, "only ring neighbours talk"
+                    channel = channels[(step["recv_from"], r)]
+                    if not channel:
+                        break
+                    sent_chunk, value = channel.popleft()
+                    assert sent_chunk == chunk, f"rank {r} expected chunk {chunk}, got {sent_chunk}"
+                    if step["reduce"]:
+                        value = buffers[r][chunk] + value
+                else:
+                    value = buffers[r][chunk]
+                assert value is not None, f"rank {r} sends chunk {chunk} it does not have"
+                if step["store"]:
+                    buffers[r][chunk] = value
+                if step["send_to"] >= 0:
+                    assert step["send_to"] == (r + 1) % n, "only ring neighbours talk"
+                    channels[(r, step["send_to"])].append((chunk, value))
+                cursor[r] += 1
+                progressed = True
+    stuck = [r for r in range(n) if cursor[r] < len(all_plans[r]["steps"])]
+    assert not stuck, f"ranks {stuck} wait forever (deadlock in the plan)"
+    assert all(not c for c in channels.values()), "messages left unreceived"
+    return buffers, all_plans
+
+
+def expected_final(primitive, rank, n, root):
+    everyone = Counter(range(n))
+    if primitive == "all_reduce":
+        return {c: everyone for c in range(n)}
+    if primitive == "reduce_scatter":
+        return {rank: everyone}
+    if primitive == "all_gather":
+        return {c: ("data", c) for c in range(n)}
+    if primitive == "broadcast":
+        return {-1: ("data", root)}
+    if primitive == "reduce":
+        return {-1: everyone if rank == root else Counter({rank: 1})}
+    if primitive == "gather":
+        return {c: ("data", c) for c in range(n)} if rank == root else {}
+    return {rank: ("scatter", rank)}  # scatter
+
+
+WORLD_SIZES = list(range(1, 17)) + [23, 31, 32, 64]
+
+
+@pytest.mark.parametrize("primitive", PRIMITIVES)
+@pytest.mark.parametrize("n", WORLD_SIZES)
+def test_every_rank_ends_with_the_right_chunks(primitive, n):
+    for root in sorted({0, n - 1, n // 2}):
+        buffers, _ = simulate(primitive, n, count=3 * n + 1, root=root)
+        for r in range(n):
+            for chunk, want in expected_final(primitive, r, n, root).items():
+                assert buffers[r][chunk] == want, (primitive, n, root, r, chunk)
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+def test_allreduce_reduces_each_chunk_once_per_rank_and_finalizes_once(n):
+    _, all_plans = simulate("all_reduce", n, count=n)
+    for chunk in range(n):
+        finalizers = [r for r, p in enumerate(all_plans) for s in p["steps"]
+                      if s["chunk"] == chunk and s["finalize"]]
+        assert finalizers == ([chunk] if n > 1 else []), "AVG divides once, by the chunk's owner"
+    for p in all_plans:
+        assert len(p["steps"]) == (2 * n - 1 if n > 1 else 0)
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 3, 7, 63, 64, 65, 1000, 1000003])
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 64])
+def test_allreduce_chunks_tile_the_buffer(n, count):
+    plan = _C.make_plan(_C.Primitive.all_reduce, 0, n, count)
+    chunks = plan["chunks"]
+    assert len(chunks) == n
+    assert sum(c for _, c in chunks) == count
+    assert all(chunks[i][0] + chunks[i][1] == chunks[i + 1][0] for i in range(n - 1))
+    assert max(c for _, c in chunks) - min(c for _, c in chunks) <= 1
+
+
+def test_column_count_covers_the_longest_chunk():
+    prim = _C.Primitive.all_reduce
+    assert _C.column_count(prim, 4, 0, 16) == 1  # empty collectives still exchange one message
+    assert _C.column_count(prim, 4, 65, 16) == 2  # chunks of 17 and 16 elements
+    assert _C.column_count(prim, 4, 64, 16) == 1
+
+
+def test_bad_requests_raise():
+    with pytest.raises(ringcomm.RingcommError, match="outside the world"):
+        _C.make_plan(_C.Primitive.all_reduce, 4, 4, 10)
+    with pytest.raises(ringcomm.RingcommError, match="root rank 5"):
+        _C.make_plan(_C.Primitive.broadcast, 0, 4, 10, 5)
+
+
+def test_schedule_text_view():
+    text = str(ringcomm.schedule("all_reduce", world_size=3, count=6))
+    assert "all_reduce: 3 ranks, count 6" in text
+    assert "c0=[0,2) c1=[2,4) c2=[4,6)" in text
+    assert "c2 ->1" in text  # rank 0's first step sends chunk 2 to rank 1
+    with pytest.raises(ValueError, match="unknown primitive"):
+        ringcomm.schedule("allreduce")
