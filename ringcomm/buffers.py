@@ -4,6 +4,7 @@ Accepts torch tensors, numpy arrays and anything with the CUDA array interface (
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from . import _C
 
@@ -11,7 +12,7 @@ _NUMPY_DTYPES = {
     "float32": "float32", "float64": "float64", "float16": "float16", "bfloat16": "bfloat16",
     "int8": "int8", "uint8": "uint8", "int32": "int32", "int64": "int64", "bool": "bool",
 }
-_TORCH_DTYPES = {f"torch.{name}": name for name in _NUMPY_DTYPES}
+_TORCH_DTYPES = {getattr(torch, name): name for name in _NUMPY_DTYPES}
 _TYPESTR_DTYPES = {"<f4": "float32", "<f8": "float64", "<f2": "float16", "|i1": "int8",
                    "|u1": "uint8", "<i4": "int32", "<i8": "int64", "|b1": "bool"}
 
@@ -28,21 +29,26 @@ class Buffer:
     readonly: bool
     source: object
 
-    @property
-    def c_dtype(self):
-        return _C.DataType.__members__[self.dtype]
+    def __post_init__(self):
+        # Looked up once here: collectives on small tensors are dominated by such overheads.
+        self.c_dtype = _C_DTYPES[self.dtype]
+        self.itemsize = _ITEMSIZES[self.dtype]
 
     @property
     def nbytes(self):
-        return self.numel * _C.dtype_size(self.c_dtype)
+        return self.numel * self.itemsize
 
     def element_address(self, index):
-        return self.address + index * _C.dtype_size(self.c_dtype)
+        return self.address + index * self.itemsize
 
     def overlaps(self, other):
         if self.numel == 0 or other.numel == 0 or self.device != other.device:
             return False
         return self.address < other.address + other.nbytes and other.address < self.address + self.nbytes
+
+
+_C_DTYPES = {name: _C.DataType.__members__[name] for name in _NUMPY_DTYPES}
+_ITEMSIZES = {name: _C.dtype_size(c) for name, c in _C_DTYPES.items()}
 
 
 def _unsupported(what, dtype):
@@ -51,17 +57,16 @@ def _unsupported(what, dtype):
 
 
 def _from_torch(t, what):
-    dtype = _TORCH_DTYPES.get(str(t.dtype))
+    dtype = _TORCH_DTYPES.get(t.dtype)
     if dtype is None:
         raise _unsupported(what, t.dtype)
     if not t.is_contiguous():
         raise ValueError(f"{what} must be contiguous (call .contiguous() first)")
-    if t.device.type not in ("cpu", "cuda"):
+    if t.is_cuda:
+        return Buffer(t.data_ptr(), t.numel(), dtype, "cuda", t.get_device(), False, t)
+    if not t.is_cpu:
         raise ValueError(f"{what} is on device {t.device}; ringcomm supports cpu and cuda tensors")
-    index = t.device.index if t.device.type == "cuda" else -1
-    if t.device.type == "cuda" and index is None:
-        index = 0
-    return Buffer(t.data_ptr(), t.numel(), dtype, t.device.type, index, False, t)
+    return Buffer(t.data_ptr(), t.numel(), dtype, "cpu", -1, False, t)
 
 
 def _from_numpy(a, what):
@@ -82,7 +87,7 @@ def _from_cuda_array_interface(a, what):
     numel = int(np.prod(shape)) if shape else 1
     strides = info.get("strides")
     if strides is not None:
-        item = _C.dtype_size(_C.DataType.__members__[dtype])
+        item = _ITEMSIZES[dtype]
         expected, contiguous = item, True
         for size, stride in zip(reversed(shape), reversed(strides)):
             if size > 1 and stride != expected:
@@ -97,8 +102,7 @@ def _from_cuda_array_interface(a, what):
 
 def as_buffer(array, what="tensor"):
     """Buffer for a torch tensor, numpy array or CUDA-array-interface object; raises on bad input."""
-    module = type(array).__module__
-    if module.startswith("torch"):
+    if isinstance(array, torch.Tensor):
         return _from_torch(array, what)
     if isinstance(array, np.ndarray):
         return _from_numpy(array, what)

@@ -7,7 +7,7 @@ from . import _C
 # previous rank just wrote while it is still cached.
 SLOT_BYTES = int(os.environ.get("RINGCOMM_SHM_SLOT_BYTES", 256 * 1024))
 SLOT_COUNT = int(os.environ.get("RINGCOMM_SHM_SLOTS", 4))
-SPINS = int(os.environ.get("RINGCOMM_SPINS", 1000))
+SPINS = int(os.environ.get("RINGCOMM_SPINS", 200))
 
 
 def create(rendezvous, slice_bytes=None):

@@ -48,5 +48,17 @@ def to_reduce_op(op):
                      f"torch.distributed.ReduceOp or one of {choices}")
 
 
+_c_ops = {}
+
+
 def to_c_op(op):
-    return _C.RedOp.__members__[to_reduce_op(op).value]
+    """The _C.RedOp for `op` (cached: this runs on every collective)."""
+    try:
+        return _c_ops[op]
+    except (KeyError, TypeError):
+        c_op = _C.RedOp.__members__[to_reduce_op(op).value]
+        try:
+            _c_ops[op] = c_op
+        except TypeError:  # unhashable: fine, just not cached
+            pass
+        return c_op

@@ -48,6 +48,12 @@ void Communicator::run(Collective& c, RedOp op, DataType type) {
   RC_CHECK(opSupported(op, type, &why), why);
   c.spec = ReduceSpec{type, op, worldSize_};
   c.sequence = sequence_++;
+  if (worldSize_ == 1 && (op == RedOp::LAnd || op == RedOp::LOr)) {
+    // No step combines anything, yet logical ops still turn values into 0/1: op(x, x) does.
+    reducer_->reduce(c.output.base, nullptr, c.output.base, c.output.base, c.output.count,
+                     c.spec, true);
+    return;
+  }
   try {
     Executor(*transport_, *reducer_, options_.sliceBytes).run(c);
   } catch (const Error& e) {

@@ -154,27 +154,30 @@ void ShmChannel::throwIfAborted() const {
 void ShmChannel::waitChange(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleeping,
                             uint32_t stale, const WaitPolicy& policy, int peerRank,
                             pid_t peerPid, const char* what) const {
+  auto changed = [&] { return word.load(std::memory_order_acquire) != stale; };
   for (int i = 0; i < policy.spins; ++i) {
-    if (word.load(std::memory_order_acquire) != stale) return;
+    if (changed()) return;
     RC_CPU_RELAX();
   }
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
+  const auto stopYielding = start + std::chrono::microseconds(policy.yieldMicros);
   const auto deadline = start + std::chrono::duration<double>(policy.timeoutSeconds);
-  for (int round = 0;; ++round) {
+  for (int round = 0; !changed(); ++round) {
+    if ((round & 63) == 0) throwIfAborted();
+    sched_yield();
+    if ((round & 15) == 15 && Clock::now() > stopYielding) break;
+  }
+  for (int round = 0; !changed(); ++round) {
     // Announce the sleep before the last look, so a publisher either sees the flag or we see
     // its update (both sides use sequentially consistent operations).
     sleeping.store(1, std::memory_order_seq_cst);
-    if (word.load(std::memory_order_seq_cst) != stale) break;
+    if (changed()) break;
     throwIfAborted();
-    // A few yields first: on two cores the peer often just needs the CPU for a moment.
-    if (round < 8)
-      sched_yield();
-    else
-      futexWait(word, stale, policy.sleepMillis);
-    if (word.load(std::memory_order_acquire) != stale) break;
+    futexWait(word, stale, policy.sleepMillis);
+    if (changed()) break;
     throwIfAborted();
-    if ((round & 7) == 7 && !processAlive(peerPid))
+    if ((round & 3) == 3 && !processAlive(peerPid))
       RC_THROW_AS(PeerError, "rank ", peerRank, " (process ", peerPid, ") died while this rank ",
                   "was waiting for it to ", what);
     if (Clock::now() > deadline)

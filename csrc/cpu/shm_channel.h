@@ -33,10 +33,14 @@ struct alignas(64) SlotHeader {
   Envelope envelope;
 };
 
+// How a rank waits for its neighbour: spin (the peer runs on another core), then yield (the
+// peer may need this core: with more ranks than cores that is the common case), then sleep on
+// the futex in short slices, checking the deadline, the abort flag and the peer's process.
 struct WaitPolicy {
   double timeoutSeconds = 1800;
-  int spins = 2000;        // busy polls before sleeping: cheap when the peer runs on another core
-  int sleepMillis = 20;    // futex slice between deadline / liveness checks
+  int spins = 200;             // busy polls first
+  int yieldMicros = 2000;      // then sched_yield polls for this long
+  int sleepMillis = 20;        // then futex slices
 };
 
 class ShmChannel {

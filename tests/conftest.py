@@ -1,0 +1,27 @@
+import os
+import sys
+
+import pytest
+
+# Tests run against the checkout (an in-place build) or an installed ringcomm; the launcher
+# module lives beside the tests.
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+def _cuda_ready():
+    try:
+        import torch
+
+        import ringcomm
+    except ImportError:
+        return False
+    return ringcomm.build_info()["cuda"] and torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    if _cuda_ready():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU and ringcomm built with CUDA")
+    for item in items:
+        if "gpu" in item.keywords or "multigpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,152 @@
+"""Every primitive on real processes over shared memory, against exact references.
+
+One process launch per world size runs the whole sweep (dtype x op x count x in/out-of-place)
+and returns every mismatch, nccl-tests style (#wrong elements per case)."""
+import numpy as np
+import pytest
+import torch
+
+from launcher import launch
+from sweep import DTYPES, OPS, make_input, op_valid, reduce_reference, wrong
+
+BIG_PRIME = 1_000_003
+BIG_CASES = [(torch.float32, "sum"), (torch.float32, "avg"), (torch.bfloat16, "sum"),
+             (torch.float16, "max"), (torch.int64, "bxor"), (torch.int8, "prod")]
+
+
+def counts_for(n):
+    return sorted({0, 1, max(n - 1, 0), n + 1, 7, 1000})
+
+
+class Checker:
+    def __init__(self, comm):
+        self.comm, self.rank, self.n = comm, comm.rank, comm.world_size
+        self.failures, self.cases = [], 0
+
+    def check(self, name, actual, expected):
+        self.cases += 1
+        bad = wrong(actual, expected)
+        if bad:
+            self.failures.append(f"rank {self.rank} {name}: #wrong {bad} of {expected.numel()}")
+
+    def reductions(self, count, dtype, op):
+        comm, r, n = self.comm, self.rank, self.n
+        tag = f"{dtype} {op} count {count}"
+        t = make_input(r, n, count, op, dtype)
+        comm.all_reduce(t, op=op)
+        self.check(f"all_reduce {tag}", t, reduce_reference(n, count, op, dtype))
+
+        full = reduce_reference(n, n * count, op, dtype)[r * count:(r + 1) * count]
+        inp = make_input(r, n, n * count, op, dtype)
+        before = inp.clone()
+        out = torch.empty(count, dtype=dtype)
+        comm.reduce_scatter(out, inp, op=op)
+        self.check(f"reduce_scatter {tag}", out, full)
+        self.check(f"reduce_scatter input untouched {tag}", inp, before)
+        comm.reduce_scatter(inp[r * count:(r + 1) * count], inp, op=op)  # in place
+        self.check(f"reduce_scatter in-place {tag}", inp[r * count:(r + 1) * count], full)
+
+        root = count % n
+        t = make_input(r, n, count, op, dtype)
+        comm.reduce(t, dst=root, op=op)
+        want = reduce_reference(n, count, op, dtype) if r == root else make_input(r, n, count, op, dtype)
+        self.check(f"reduce dst={root} {tag}", t, want)
+
+    def copies(self, count, dtype):
+        comm, r, n = self.comm, self.rank, self.n
+        tag = f"{dtype} count {count}"
+        everyone = torch.cat([make_input(q, n, count, "sum", dtype, salt=q) for q in range(n)])
+        mine = make_input(r, n, count, "sum", dtype, salt=r)
+
+        out = torch.zeros(n * count, dtype=dtype)
+        comm.all_gather(out, mine)
+        self.check(f"all_gather {tag}", out, everyone)
+        out = torch.zeros(n * count, dtype=dtype)
+        out[r * count:(r + 1) * count] = mine
+        comm.all_gather(out, out[r * count:(r + 1) * count])  # in place
+        self.check(f"all_gather in-place {tag}", out, everyone)
+
+        for root in sorted({0, (count + 1) % n}):
+            t = make_input(r, n, count, "sum", dtype, salt=r)
+            comm.broadcast(t, src=root)
+            self.check(f"broadcast src={root} {tag}", t, make_input(root, n, count, "sum", dtype, salt=root))
+
+            out = torch.zeros(n * count, dtype=dtype) if r == root else None
+            comm.gather(out, mine, dst=root)
+            if r == root:
+                self.check(f"gather dst={root} {tag}", out, everyone)
+
+            out = torch.zeros(count, dtype=dtype)
+            comm.scatter(out, everyone.clone() if r == root else None, src=root)
+            self.check(f"scatter src={root} {tag}", out, everyone[r * count:(r + 1) * count])
+
+    def numpy_arrays(self):
+        comm, r, n = self.comm, self.rank, self.n
+        a = np.arange(10, dtype=np.int32) + r
+        comm.all_reduce(a, op="max")
+        self.check("numpy all_reduce", torch.from_numpy(a), torch.arange(10, dtype=torch.int32) + n - 1)
+        out = np.zeros(3 * n, dtype=np.float64)
+        comm.all_gather(out, np.full(3, float(r)))
+        self.check("numpy all_gather", torch.from_numpy(out), torch.arange(n, dtype=torch.float64).repeat_interleave(3))
+
+
+def sweep(rank, n, counts, big):
+    import ringcomm
+
+    comm = ringcomm.Communicator(timeout=60)
+    checker = Checker(comm)
+    for count in counts:
+        for dtype in DTYPES:
+            for op in OPS:
+                if op_valid(op, dtype):
+                    checker.reductions(count, dtype, op)
+            checker.copies(count, dtype)
+    for dtype, op in big:
+        checker.reductions(BIG_PRIME, dtype, op)
+    if big:
+        checker.copies(BIG_PRIME, torch.float32)
+    checker.numpy_arrays()
+    comm.close()
+    return checker.failures, checker.cases
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8])
+def test_every_primitive_dtype_op_and_count_is_exact(n):
+    results = launch(n, sweep, counts_for(n), BIG_CASES, timeout=600)
+    failures = [f for rank_failures, _ in results for f in rank_failures]
+    assert results[0][1] > 500
+    assert not failures, f"{len(failures)} wrong cases, first: " + "\n".join(failures[:10])
+
+
+def results_with_slice(rank, n, slice_bytes):
+    import ringcomm
+
+    comm = ringcomm.Communicator(timeout=60, slice_bytes=slice_bytes)
+    outputs = []
+    for dtype in (torch.float32, torch.bfloat16, torch.int8, torch.float64):
+        for count in (n + 1, 7, 1000, 4099):
+            t = torch.randn(count).mul(100).to(dtype)  # arbitrary values: order-dependent rounding
+            torch.manual_seed(1000 * rank + count)
+            t = torch.randn(count).mul(100).to(dtype)
+            comm.all_reduce(t, op="sum")
+            outputs.append(t)
+            out = torch.empty(count, dtype=dtype)
+            comm.reduce_scatter(out, torch.randn(n * count).mul(100).to(dtype))
+            outputs.append(out)
+    comm.close()
+    return outputs
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_results_are_identical_across_slice_sizes_and_ranks(n):
+    """Real-valued inputs round differently in different orders: the ring's order must not
+    depend on the slice size, and every rank must end with the same bits."""
+    reference = launch(n, results_with_slice, 1 << 20)
+    for slice_bytes in (8, 40, 1000):
+        other = launch(n, results_with_slice, slice_bytes)
+        for rank in range(n):
+            for a, b in zip(reference[rank], other[rank]):
+                assert torch.equal(a, b), f"slice {slice_bytes} B changes rank {rank}'s result"
+    for rank in range(1, n):
+        for k in range(0, len(reference[0]), 2):  # all_reduce outputs: identical on every rank
+            assert torch.equal(reference[0][k], reference[rank][k])
