@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <optional>
 
 #include "cpu/cpu_reducer.h"
 #include "cpu/shm_transport.h"
@@ -127,7 +128,7 @@ PYBIND11_MODULE(_C, m) {
       [](Reducer& self, uintptr_t out0, uintptr_t out1, uintptr_t a, uintptr_t b, size_t n,
          DataType type, RedOp op, int divisor, bool finalize) {
         self.reduce(address(out0), address(out1), address(a), address(b), n,
-                    ReduceSpec{type, op, divisor}, finalize);
+                    ReduceSpec{type, op, divisor, type}, finalize);
       },
       py::arg("out0"), py::arg("out1"), py::arg("a"), py::arg("b"), py::arg("n"),
       py::arg("dtype"), py::arg("op"), py::arg("divisor") = 1, py::arg("finalize") = false,
@@ -167,10 +168,11 @@ PYBIND11_MODULE(_C, m) {
       .def_property("slice_bytes", &Comm::sliceBytes, &Comm::setSliceBytes)
       .def(
           "all_reduce",
-          [](Comm& c, uintptr_t data, size_t n, DataType t, RedOp op) {
-            c.allReduce(address(data), n, t, op);
+          [](Comm& c, uintptr_t data, size_t n, DataType t, RedOp op, std::optional<DataType> wire) {
+            c.allReduce(address(data), n, t, op, wire.value_or(t));
           },
-          release)
+          py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("op"),
+          py::arg("wire_dtype") = py::none(), release)
       .def(
           "reduce_scatter",
           [](Comm& c, uintptr_t out, uintptr_t in, size_t n, DataType t, RedOp op) {

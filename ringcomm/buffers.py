@@ -100,6 +100,19 @@ def _from_cuda_array_interface(a, what):
     return Buffer(address, numel, dtype, "cuda", int(device), bool(readonly), a)
 
 
+def as_c_dtype(dtype):
+    """_C.DataType from a torch dtype, numpy dtype or name ("bfloat16")."""
+    if isinstance(dtype, torch.dtype):
+        name = _TORCH_DTYPES.get(dtype)
+    elif isinstance(dtype, str):
+        name = dtype
+    else:
+        name = np.dtype(dtype).name
+    if name not in _C_DTYPES:
+        raise _unsupported("wire_dtype", dtype)
+    return _C_DTYPES[name]
+
+
 def as_buffer(array, what="tensor"):
     """Buffer for a torch tensor, numpy array or CUDA-array-interface object; raises on bad input."""
     if isinstance(array, torch.Tensor):

@@ -1,8 +1,11 @@
 """Communicator: ring collectives on torch tensors, numpy arrays and cupy arrays."""
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
-from . import _C, cpu_backend
-from .buffers import as_buffer
+import torch
+
+from . import _C, cpu_backend, cuda_backend, work
+from .buffers import as_buffer, as_c_dtype
 from .ops import to_c_op
 from .rendezvous import Rendezvous
 
@@ -39,24 +42,35 @@ class Communicator:
         self._slice_bytes = slice_bytes
         self._backends = {}
         self._lock = threading.Lock()
+        self._worker = None  # runs async_op collectives on CPU, in order
+        self._last = None
         self._closed = False
         self._backend("cpu", -1)  # set up eagerly: set-up errors show here, not mid-training
 
     # -- collectives ---------------------------------------------------------------------------
 
-    def all_reduce(self, tensor, op="sum"):
+    def all_reduce(self, tensor, op="sum", *, async_op=False, wire_dtype=None):
         """Reduces ``tensor`` over all ranks in place; every rank gets the same result.
+
+        ``wire_dtype`` (torch.bfloat16 or torch.float16, for float32 tensors) sends 16-bit
+        messages while each hop still adds in float32 and the result stays float32.
+        ``async_op=True`` returns a :class:`ringcomm.work.Work` (every collective takes it).
 
         Example::
 
-            comm.all_reduce(grad, op="avg")
+            comm.all_reduce(grad, op="avg", wire_dtype=torch.bfloat16)
         """
         buf = self._writable(tensor, "tensor")
         c_op = self._op(op, buf)
-        self._run(buf, "all_reduce", buf.address, buf.numel, buf.c_dtype, c_op)
-        return tensor
+        extra = {}
+        if wire_dtype is not None and as_c_dtype(wire_dtype) != buf.c_dtype:
+            if buf.device == "cuda":
+                raise NotImplementedError("a 16-bit wire_dtype is implemented on CPU only so far")
+            extra["wire_dtype"] = as_c_dtype(wire_dtype)
+        return self._run(buf, "all_reduce", (buf.address, buf.numel, buf.c_dtype, c_op), tensor,
+                         async_op, **extra)
 
-    def reduce_scatter(self, output, input, op="sum"):
+    def reduce_scatter(self, output, input, op="sum", *, async_op=False):
         """Reduces ``input`` (world_size x output.numel() elements) over ranks; rank r gets block r.
 
         Example::
@@ -68,10 +82,10 @@ class Communicator:
         self._sizes(inp.numel, out.numel * self.world_size, "input", "world_size x output")
         self._aliasing(out, inp, inp.element_address(self.rank * out.numel))
         c_op = self._op(op, out)
-        self._run(out, "reduce_scatter", out.address, inp.address, out.numel, out.c_dtype, c_op)
-        return output
+        return self._run(out, "reduce_scatter", (out.address, inp.address, out.numel, out.c_dtype, c_op),
+                         output, async_op)
 
-    def all_gather(self, output, input):
+    def all_gather(self, output, input, *, async_op=False):
         """Concatenates every rank's ``input`` into ``output`` (world_size x input.numel()).
 
         Example::
@@ -82,10 +96,10 @@ class Communicator:
         self._same_kind(out, inp)
         self._sizes(out.numel, inp.numel * self.world_size, "output", "world_size x input")
         self._aliasing(out, inp, out.element_address(self.rank * inp.numel), inp_inside_out=True)
-        self._run(out, "all_gather", out.address, inp.address, inp.numel, out.c_dtype)
-        return output
+        return self._run(out, "all_gather", (out.address, inp.address, inp.numel, out.c_dtype),
+                         output, async_op)
 
-    def broadcast(self, tensor, src=0):
+    def broadcast(self, tensor, src=0, *, async_op=False):
         """Copies rank ``src``'s ``tensor`` into ``tensor`` on every rank.
 
         Example::
@@ -94,10 +108,9 @@ class Communicator:
         """
         buf = self._writable(tensor, "tensor")
         self._root(src, "src")
-        self._run(buf, "broadcast", buf.address, buf.numel, buf.c_dtype, src)
-        return tensor
+        return self._run(buf, "broadcast", (buf.address, buf.numel, buf.c_dtype, src), tensor, async_op)
 
-    def reduce(self, tensor, dst=0, op="sum"):
+    def reduce(self, tensor, dst=0, op="sum", *, async_op=False):
         """Reduces ``tensor`` over ranks into ``tensor`` on rank ``dst``; others keep theirs.
 
         Example::
@@ -107,10 +120,10 @@ class Communicator:
         buf = self._writable(tensor, "tensor")
         self._root(dst, "dst")
         c_op = self._op(op, buf)
-        self._run(buf, "reduce", buf.address, buf.numel, buf.c_dtype, c_op, dst)
-        return tensor
+        return self._run(buf, "reduce", (buf.address, buf.numel, buf.c_dtype, c_op, dst), tensor,
+                         async_op)
 
-    def gather(self, output, input, dst=0):
+    def gather(self, output, input, dst=0, *, async_op=False):
         """Concatenates every rank's ``input`` into ``output`` on rank ``dst`` only.
 
         ``output`` (world_size x input.numel()) is used on ``dst`` and may be None elsewhere.
@@ -131,10 +144,10 @@ class Communicator:
             self._sizes(out.numel, inp.numel * self.world_size, "output", "world_size x input")
             self._aliasing(out, inp, out.element_address(self.rank * inp.numel), inp_inside_out=True)
             address = out.address
-        self._run(inp, "gather", address, inp.address, inp.numel, inp.c_dtype, dst)
-        return output
+        return self._run(inp, "gather", (address, inp.address, inp.numel, inp.c_dtype, dst), output,
+                         async_op)
 
-    def scatter(self, output, input, src=0):
+    def scatter(self, output, input, src=0, *, async_op=False):
         """Rank ``src`` splits ``input`` (world_size x output.numel()) and rank r gets block r.
 
         ``input`` is used on ``src`` and may be None elsewhere.
@@ -155,8 +168,8 @@ class Communicator:
             self._sizes(inp.numel, out.numel * self.world_size, "input", "world_size x output")
             self._aliasing(out, inp, inp.element_address(self.rank * out.numel))
             address = inp.address
-        self._run(out, "scatter", out.address, address, out.numel, out.c_dtype, src)
-        return output
+        return self._run(out, "scatter", (out.address, address, out.numel, out.c_dtype, src), output,
+                         async_op)
 
     # -- life cycle ----------------------------------------------------------------------------
 
@@ -165,7 +178,10 @@ class Communicator:
         return self._closed
 
     def close(self):
-        """Releases shared memory and device resources; the communicator cannot be used after."""
+        """Releases shared memory, device resources and the worker thread; idempotent."""
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)  # finishes queued async work first
+            self._worker = None
         with self._lock:
             self._closed = True
             for comm in self._backends.values():
@@ -190,16 +206,43 @@ class Communicator:
         key = (device, index)
         comm = self._backends.get(key)
         if comm is None:
-            if device != "cpu":
-                raise NotImplementedError("ringcomm's CUDA path is not available in this build")
-            comm = cpu_backend.create(self._rendezvous, self._slice_bytes)
+            if device == "cpu":
+                comm = cpu_backend.create(self._rendezvous, self._slice_bytes)
+            else:
+                comm = cuda_backend.create(self._rendezvous, index, self._slice_bytes)
             self._backends[key] = comm
         return comm
 
-    def _run(self, buf, name, *args):
+    def _call(self, buf, name, args, extra):
         with self._lock:
             comm = self._backend(buf.device, buf.device_index)
-            getattr(comm, name)(*args)
+            if buf.device == "cuda":
+                extra["stream"] = cuda_backend.current_stream(buf)
+            getattr(comm, name)(*args, **extra)
+
+    def _run(self, buf, name, args, result, async_op, **extra):
+        """Runs a collective now, or (async_op on CPU) on the worker thread, in call order."""
+        if buf.device == "cuda":  # already asynchronous: ordered on the caller's stream
+            self._call(buf, name, args, extra)
+            return work.completed(result, torch.device("cuda", buf.device_index)) if async_op else result
+        if not async_op and (self._last is None or self._last.done()):
+            self._call(buf, name, args, extra)
+            return result
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix="ringcomm")
+        future = torch.futures.Future()
+
+        def task():
+            try:
+                self._call(buf, name, args, extra)
+                future.set_result(result)
+            except BaseException as error:  # delivered to whoever waits on the future
+                future.set_exception(error)
+
+        self._last = self._worker.submit(task)
+        if not async_op:  # queued behind async work: keep the order, then wait
+            return future.wait()
+        return work.Work(future)
 
     def _writable(self, array, what):
         buf = as_buffer(array, what)

@@ -5,6 +5,7 @@ value comes back to the parent. Every exit code is checked; a worker's exception
 the parent with the worker's traceback; a run past `timeout` kills every worker and fails."""
 import multiprocessing
 import os
+import pickle
 import queue
 import tempfile
 import time
@@ -25,7 +26,9 @@ def _worker(fn, rank, world_size, store_path, results, args):
             value = fn(rank, world_size, *args)
         finally:
             dist.destroy_process_group()
-        results.put((rank, True, value))
+        # Plain pickle copies tensors; the queue's own pickler would share their memory with
+        # a process that is about to exit.
+        results.put((rank, True, pickle.dumps(value)))
     except BaseException:  # report everything, including assertion failures
         results.put((rank, False, traceback.format_exc()))
         raise SystemExit(1)
@@ -53,7 +56,10 @@ def launch(world_size, fn, *args, timeout=120, allow_exit=None):
                 if time.monotonic() > deadline:
                     break
                 continue
-            (values.__setitem__(rank, value) if ok else failures.append((rank, value)))
+            if ok:
+                values[rank] = pickle.loads(value)
+            else:
+                failures.append((rank, value))
         for p in procs:
             p.join(timeout=max(1.0, deadline - time.monotonic()))
         hung = [r for r, p in enumerate(procs) if p.is_alive()]

@@ -43,10 +43,14 @@ void Communicator::checkRoot(int root, const char* name) const {
            worldSize_, "-rank communicator");
 }
 
-void Communicator::run(Collective& c, RedOp op, DataType type) {
+void Communicator::run(Collective& c, RedOp op, DataType type) { run(c, op, type, type); }
+
+void Communicator::run(Collective& c, RedOp op, DataType type, DataType wireType) {
   std::string why;
   RC_CHECK(opSupported(op, type, &why), why);
-  c.spec = ReduceSpec{type, op, worldSize_};
+  RC_CHECK(wireTypeSupported(type, wireType), dataTypeName(type), " data cannot travel as ",
+           dataTypeName(wireType), " (a 16-bit wire is for float32 tensors)");
+  c.spec = ReduceSpec{type, op, worldSize_, wireType};
   c.sequence = sequence_++;
   if (worldSize_ == 1 && (op == RedOp::LAnd || op == RedOp::LOr)) {
     // No step combines anything, yet logical ops still turn values into 0/1: op(x, x) does.
@@ -64,11 +68,16 @@ void Communicator::run(Collective& c, RedOp op, DataType type) {
 }
 
 void Communicator::allReduce(void* data, size_t count, DataType type, RedOp op) {
+  allReduce(data, count, type, op, type);
+}
+
+void Communicator::allReduce(void* data, size_t count, DataType type, RedOp op,
+                             DataType wireType) {
   checkUsable();
   Collective c;
   c.plan = makePlan({Primitive::AllReduce, rank_, worldSize_, count, 0});
   c.input = c.output = view(data, 0, count);
-  run(c, op, type);
+  run(c, op, type, wireType);
 }
 
 void Communicator::reduceScatter(void* output, const void* input, size_t outputCount,

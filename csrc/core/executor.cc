@@ -24,11 +24,13 @@ Executor::Executor(Transport& transport, Reducer& reducer, size_t sliceBytes)
     : transport_(transport), reducer_(reducer), sliceBytes_(sliceBytes) {}
 
 void Executor::run(const Collective& c) {
-  const size_t elemSize = dataTypeSize(c.spec.type);
+  const size_t elemSize =
+      std::max(dataTypeSize(c.spec.type), dataTypeSize(c.spec.wireType));
   size_t sliceBytes = std::min(sliceBytes_, transport_.maxMessageBytes());
   const size_t sliceElems = std::max<size_t>(1, sliceBytes / elemSize);
   RC_CHECK(sliceElems * elemSize <= transport_.maxMessageBytes(), "a ", elemSize,
            "-byte element does not fit the transport's messages");
+  const size_t wireSize = dataTypeSize(c.spec.wireType);
 
   Envelope envelope;
   envelope.sequence = c.sequence;
@@ -36,6 +38,7 @@ void Executor::run(const Collective& c) {
   envelope.dataType = static_cast<int32_t>(c.spec.type);
   envelope.op = static_cast<int32_t>(c.spec.op);
   envelope.root = c.plan.request.root;
+  envelope.wireType = static_cast<int32_t>(c.spec.wireType);
   envelope.count = c.plan.request.count;
 
   const size_t columns = columnCount(c.plan, sliceElems);
@@ -43,7 +46,7 @@ void Executor::run(const Collective& c) {
     for (size_t i = 0; i < c.plan.steps.size(); ++i) {
       const Step& step = c.plan.steps[i];
       Range slice = sliceOf(step.range, column, sliceElems);
-      envelope.bytes = slice.count * elemSize;
+      envelope.bytes = slice.count * wireSize;
       try {
         runStep(c, step, slice, envelope);
       } catch (const Error& e) {
@@ -60,20 +63,26 @@ void Executor::run(const Collective& c) {
 void Executor::runStep(const Collective& c, const Step& step, const Range& slice,
                        const Envelope& envelope) {
   const size_t elemSize = dataTypeSize(c.spec.type);
-  const size_t bytes = slice.count * elemSize;
+  const bool sameType = c.spec.type == c.spec.wireType;
   char* stored = step.store ? locate(c.output, slice, elemSize, "write") : nullptr;
-  void* outgoing = step.sendTo >= 0 ? transport_.acquireSend(step.sendTo, bytes) : nullptr;
+  void* outgoing = step.sendTo >= 0 ? transport_.acquireSend(step.sendTo, envelope.bytes) : nullptr;
 
   if (step.recvFrom < 0) {
     RC_CHECK(!step.reduce && !step.store, "a step without a receive can only send");
-    reducer_.copy(outgoing, nullptr, locate(c.input, slice, elemSize, "read"), bytes);
+    const char* local = locate(c.input, slice, elemSize, "read");
+    if (sameType)
+      reducer_.copy(outgoing, nullptr, local, envelope.bytes);
+    else
+      reducer_.convert(nullptr, outgoing, local, /*srcIsWire=*/false, slice.count, c.spec);
   } else {
     const void* incoming = transport_.acquireRecv(step.recvFrom, envelope);
     if (step.reduce)
       reducer_.reduce(stored, outgoing, locate(c.input, slice, elemSize, "read"), incoming,
                       slice.count, c.spec, step.finalize);
+    else if (sameType)
+      reducer_.copy(stored, outgoing, incoming, envelope.bytes);
     else
-      reducer_.copy(stored, outgoing, incoming, bytes);
+      reducer_.convert(stored, outgoing, incoming, /*srcIsWire=*/true, slice.count, c.spec);
     transport_.releaseRecv(step.recvFrom);
   }
   if (step.sendTo >= 0) transport_.commitSend(step.sendTo, envelope);

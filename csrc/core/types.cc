@@ -2,6 +2,7 @@
 #include "ringcomm/types.h"
 
 #include "ringcomm/error.h"
+#include "ringcomm/reducer.h"
 #include "ringcomm/transport.h"
 
 namespace ringcomm {
@@ -84,10 +85,26 @@ bool opSupported(RedOp op, DataType type, std::string* why) {
 }
 
 std::string describeEnvelope(const Envelope& e) {
+  std::string wire;
+  if (e.wireType != e.dataType)
+    wire = detail::concat(" on a ", dataTypeName(static_cast<DataType>(e.wireType)), " wire");
   return detail::concat(primitiveName(static_cast<Primitive>(e.primitive)), " #", e.sequence,
                         " (count ", e.count, ", ", dataTypeName(static_cast<DataType>(e.dataType)),
-                        ", ", redOpName(static_cast<RedOp>(e.op)), ", root ", e.root, ", ", e.bytes,
-                        "-byte message)");
+                        wire, ", ", redOpName(static_cast<RedOp>(e.op)), ", root ", e.root, ", ",
+                        e.bytes, "-byte message)");
+}
+
+bool wireTypeSupported(DataType type, DataType wireType) {
+  return wireType == type || (type == DataType::Float32 && (wireType == DataType::Float16 ||
+                                                            wireType == DataType::BFloat16));
+}
+
+void Reducer::convert(void* out0, void* out1, const void* src, bool srcIsWire, size_t n,
+                      const ReduceSpec& spec) {
+  RC_CHECK(spec.type == spec.wireType, "this device cannot send ", dataTypeName(spec.type),
+           " data as ", dataTypeName(spec.wireType));
+  copy(out0, out1, src, n * dataTypeSize(spec.type));
+  (void)srcIsWire;
 }
 
 }  // namespace ringcomm

@@ -106,27 +106,37 @@ struct Ops {
   }
 };
 
-template <typename T, typename Fn>
-void loop(T* out0, T* out1, const T* a, const T* b, size_t n, Fn fn) {
-  using C = Codec<T>;
+// T: the buffer's element type (out0, a); W: the wire's (out1, b). Same type except for a
+// 16-bit wire under float32 buffers.
+template <typename T, typename W, typename Fn>
+void loop(T* out0, W* out1, const T* a, const W* b, size_t n, Fn fn) {
+  using CT = Codec<T>;
+  using CW = Codec<W>;
   // One loop per output combination keeps each loop branch-free, so it vectorises.
   if (out0 && out1) {
-    for (size_t i = 0; i < n; ++i) out0[i] = out1[i] = C::store(fn(C::load(a[i]), C::load(b[i])));
+    for (size_t i = 0; i < n; ++i) {
+      const W w = CW::store(fn(CT::load(a[i]), CW::load(b[i])));
+      out1[i] = w;
+      if constexpr (std::is_same_v<T, W>)
+        out0[i] = w;
+      else
+        out0[i] = CT::store(CW::load(w));  // keep what the other ranks receive
+    }
   } else if (out0) {
-    for (size_t i = 0; i < n; ++i) out0[i] = C::store(fn(C::load(a[i]), C::load(b[i])));
+    for (size_t i = 0; i < n; ++i) out0[i] = CT::store(fn(CT::load(a[i]), CW::load(b[i])));
   } else if (out1) {
-    for (size_t i = 0; i < n; ++i) out1[i] = C::store(fn(C::load(a[i]), C::load(b[i])));
+    for (size_t i = 0; i < n; ++i) out1[i] = CW::store(fn(CT::load(a[i]), CW::load(b[i])));
   }
 }
 
-template <typename T>
+template <typename T, typename W = T>
 void reduceTyped(void* out0, void* out1, const void* a, const void* b, size_t n,
                  const ReduceSpec& spec, bool finalize) {
   using A = typename Codec<T>::Acc;
   auto* o0 = static_cast<T*>(out0);
-  auto* o1 = static_cast<T*>(out1);
+  auto* o1 = static_cast<W*>(out1);
   auto* x = static_cast<const T*>(a);
-  auto* y = static_cast<const T*>(b);
+  auto* y = static_cast<const W*>(b);
   const bool divide = finalize && spec.op == RedOp::Avg && spec.divisor != 1;
   // The common ops get their own loops so the op is known at compile time.
   switch (spec.op) {
@@ -156,10 +166,47 @@ void reduceTyped(void* out0, void* out1, const void* a, const void* b, size_t n,
   loop(o0, o1, x, y, n, [op](A p, A q) { return Ops<T>::apply(op, p, q); });
 }
 
+template <typename W>
+void convertFromFloat(void* out0, void* out1, const void* src, bool srcIsWire, size_t n) {
+  auto* o0 = static_cast<float*>(out0);
+  auto* o1 = static_cast<W*>(out1);
+  if (srcIsWire) {
+    auto* s = static_cast<const W*>(src);
+    if (o1 && o1 != s) std::memcpy(o1, s, n * sizeof(W));
+    if (o0)
+      for (size_t i = 0; i < n; ++i) o0[i] = Codec<W>::load(s[i]);
+  } else {
+    auto* s = static_cast<const float*>(src);
+    if (o1)
+      for (size_t i = 0; i < n; ++i) o1[i] = Codec<W>::store(s[i]);
+    if (o0 && o0 != s) std::memcpy(o0, s, n * sizeof(float));
+  }
+}
+
+void checkWire(const ReduceSpec& spec) {
+  RC_CHECK(wireTypeSupported(spec.type, spec.wireType), dataTypeName(spec.type),
+           " data cannot travel as ", dataTypeName(spec.wireType),
+           " (a 16-bit wire is for float32 tensors)");
+}
+
 }  // namespace
+
+void CpuReducer::convert(void* out0, void* out1, const void* src, bool srcIsWire, size_t n,
+                         const ReduceSpec& spec) {
+  checkWire(spec);
+  if (spec.wireType == DataType::BFloat16) return convertFromFloat<BHalf>(out0, out1, src, srcIsWire, n);
+  if (spec.wireType == DataType::Float16) return convertFromFloat<Half>(out0, out1, src, srcIsWire, n);
+  Reducer::convert(out0, out1, src, srcIsWire, n, spec);
+}
 
 void CpuReducer::reduce(void* out0, void* out1, const void* a, const void* b, size_t n,
                         const ReduceSpec& spec, bool finalize) {
+  if (spec.wireType != spec.type) {
+    checkWire(spec);
+    if (spec.wireType == DataType::BFloat16)
+      return reduceTyped<float, BHalf>(out0, out1, a, b, n, spec, finalize);
+    return reduceTyped<float, Half>(out0, out1, a, b, n, spec, finalize);
+  }
   switch (spec.type) {
     case DataType::Float32: return reduceTyped<float>(out0, out1, a, b, n, spec, finalize);
     case DataType::Float64: return reduceTyped<double>(out0, out1, a, b, n, spec, finalize);

@@ -10,6 +10,8 @@ class CpuReducer : public Reducer {
   void reduce(void* out0, void* out1, const void* a, const void* b, size_t n,
               const ReduceSpec& spec, bool finalize) override;
   void copy(void* out0, void* out1, const void* src, size_t bytes) override;
+  void convert(void* out0, void* out1, const void* src, bool srcIsWire, size_t n,
+               const ReduceSpec& spec) override;
 };
 
 }  // namespace ringcomm

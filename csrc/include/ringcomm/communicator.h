@@ -35,7 +35,10 @@ class Communicator {
   Reducer& reducer() { return *reducer_; }
 
   // Pointers are raw device or host addresses; counts are elements of `type`.
+  // `wireType` (default: `type`) is what travels between ranks: float16 or bfloat16 under
+  // float32 data halves the bytes while every hop still adds in float32.
   void allReduce(void* data, size_t count, DataType type, RedOp op);
+  void allReduce(void* data, size_t count, DataType type, RedOp op, DataType wireType);
   void reduceScatter(void* output, const void* input, size_t outputCount, DataType type,
                      RedOp op);
   void allGather(void* output, const void* input, size_t inputCount, DataType type);
@@ -53,6 +56,7 @@ class Communicator {
   void checkUsable() const;
   void checkRoot(int root, const char* name) const;
   void run(Collective& collective, RedOp op, DataType type);
+  void run(Collective& collective, RedOp op, DataType type, DataType wireType);
 
   int rank_, worldSize_;
   std::shared_ptr<Transport> transport_;

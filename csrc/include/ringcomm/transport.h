@@ -17,13 +17,14 @@ struct Envelope {
   int32_t dataType = 0;
   int32_t op = 0;
   int32_t root = 0;
+  int32_t wireType = 0;
   uint64_t count = 0;
   uint64_t bytes = 0;  // payload of this message
 
   bool sameCollective(const Envelope& other) const {
     return sequence == other.sequence && primitive == other.primitive &&
            dataType == other.dataType && op == other.op && root == other.root &&
-           count == other.count;
+           wireType == other.wireType && count == other.count;
   }
 };
 

@@ -1,0 +1,109 @@
+"""ringcomm ring allreduce busbw against torch.distributed's NCCL all_reduce, ranks sharing GPU 0.
+
+busbw = S / t x 2(n-1)/n (nccl-tests). Same ranks, sizes, dtype and stream for both.
+
+    python bench/gpu_allreduce.py --world 2 --mib 64 256 --json out.json
+"""
+import argparse
+import json
+import os
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _nccl_hint():
+    try:
+        import nvidia.nccl
+
+        return os.path.join(list(nvidia.nccl.__path__)[0], "lib")
+    except ImportError:
+        return ""
+
+
+def _time(fn, iters, warmup):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    dist.barrier(device_ids=[0])
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop) / 1e3 / iters
+
+
+def _rank(rank, world, store_path, sizes_mib, iters, warmup, slice_bytes, out_path):
+    from ringcomm import _C
+
+    if _C.nccl_library(_nccl_hint())[1] >= 23000:
+        os.environ["NCCL_MULTI_RANK_GPU_ENABLE"] = "1"
+    else:
+        os.environ.update(NCCL_HOSTID=f"bench-{rank}", NCCL_SOCKET_IFNAME="lo")
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method=f"file://{store_path}", rank=rank,
+                            world_size=world, device_id=torch.device("cuda", 0))
+    store = dist.distributed_c10d._get_default_store()
+    if rank == 0:
+        store.set("ringcomm-bench-id", _C.nccl_unique_id(_nccl_hint()))
+    comm = _C.CudaCommunicator(rank, world, 0, store.get("ringcomm-bench-id"),
+                               slice_bytes=slice_bytes, library_hint=_nccl_hint())
+    rows = []
+    factor = 2 * (world - 1) / world
+    for mib in sizes_mib:
+        n = (mib << 20) // 4
+        x = torch.full((n,), float(rank + 1), device="cuda")
+        stream = torch.cuda.current_stream().cuda_stream
+
+        def ours():
+            comm.all_reduce(x.data_ptr(), n, _C.DataType.float32, _C.RedOp.sum, stream)
+
+        def theirs():
+            dist.all_reduce(x)
+
+        t_ours = _time(ours, iters, warmup)
+        t_nccl = _time(theirs, iters, warmup)
+        x.fill_(float(rank + 1))
+        ours()
+        torch.cuda.synchronize()
+        correct = bool(torch.all(x == world * (world + 1) / 2))
+        rows.append({"world": world, "bytes": mib << 20, "dtype": "float32",
+                     "ringcomm_us": t_ours * 1e6, "nccl_us": t_nccl * 1e6,
+                     "ringcomm_busbw_GBps": (mib << 20) / t_ours / 1e9 * factor,
+                     "nccl_busbw_GBps": (mib << 20) / t_nccl / 1e9 * factor,
+                     "ratio": t_nccl / t_ours, "correct": correct})
+        if rank == 0:
+            r = rows[-1]
+            print(f"world {world} {mib:5d} MiB  ringcomm {r['ringcomm_busbw_GBps']:7.1f} GB/s  "
+                  f"nccl {r['nccl_busbw_GBps']:7.1f} GB/s  ratio {r['ratio']:.3f}  "
+                  f"correct={correct}", flush=True)
+    comm.close()
+    dist.destroy_process_group()
+    if rank == 0 and out_path:
+        with open(out_path, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "slice_bytes": slice_bytes,
+                       "rows": rows}, f, indent=1)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--mib", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--slice-bytes", type=int,
+                        default=int(os.environ.get("RINGCOMM_SLICE_BYTES", 4 << 20)))
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_rank, nprocs=args.world, join=True,
+                 args=(args.world, os.path.join(tmp, "store"), args.mib, args.iters,
+                       args.warmup, args.slice_bytes, args.json))
+
+
+if __name__ == "__main__":
+    main()

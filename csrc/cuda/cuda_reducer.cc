@@ -1,0 +1,38 @@
+// CudaReducer: kernels from reduce_kernels.cu, copies as asynchronous device-to-device memcpy.
+#include "cuda/cuda_reducer.h"
+
+#include "cuda/cuda_check.h"
+#include "cuda/reduce_kernels.h"
+
+namespace ringcomm {
+
+CudaReducer::CudaReducer(int device) : device_(device) {}
+
+void CudaReducer::reduce(void* out0, void* out1, const void* a, const void* b, size_t n,
+                         const ReduceSpec& spec, bool finalize) {
+  RC_CHECK(spec.wireType == spec.type, "a 16-bit wire under ", dataTypeName(spec.type),
+           " data is not implemented on CUDA yet");
+  ReduceLaunch l;
+  l.out0 = out0;
+  l.out1 = out1;
+  l.a = a;
+  l.b = b;
+  l.n = n;
+  l.type = spec.type;
+  l.op = spec.op;
+  l.divisor = spec.divisor;
+  l.finalize = finalize;
+  l.scale = finalize ? finalScale_ : 1.0f;
+  CudaDeviceGuard guard(device_);
+  launchReduce(l, stream_);
+}
+
+void CudaReducer::copy(void* out0, void* out1, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  CudaDeviceGuard guard(device_);
+  for (void* out : {out0, out1})
+    if (out != nullptr && out != src)
+      RC_CUDA_CHECK(cudaMemcpyAsync(out, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+}
+
+}  // namespace ringcomm

@@ -1,0 +1,31 @@
+// CudaReducer: the Reducer interface on one GPU. Enqueues kernels and copies on a stream it is
+// given and never blocks the host; the transport decides which stream that is.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "ringcomm/reducer.h"
+
+namespace ringcomm {
+
+class CudaReducer : public Reducer {
+ public:
+  explicit CudaReducer(int device);
+
+  void reduce(void* out0, void* out1, const void* a, const void* b, size_t n,
+              const ReduceSpec& spec, bool finalize) override;
+  void copy(void* out0, void* out1, const void* src, size_t bytes) override;
+
+  void setStream(cudaStream_t stream) { stream_ = stream; }
+  cudaStream_t stream() const { return stream_; }
+  // Multiplies the result of finalizing steps (DDP's pre-scaled sums); 1 means none.
+  void setFinalScale(float scale) { finalScale_ = scale; }
+  int device() const { return device_; }
+
+ private:
+  int device_;
+  cudaStream_t stream_ = nullptr;
+  float finalScale_ = 1.0f;
+};
+
+}  // namespace ringcomm

@@ -1,0 +1,119 @@
+// dlopen-based NCCL loading. The library is never closed: communicators may outlive any owner.
+#include "cuda/nccl_loader.h"
+
+#include <dlfcn.h>
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "ringcomm/error.h"
+
+namespace ringcomm {
+namespace {
+
+constexpr const char* kSoname = "libnccl.so.2";
+
+bool isDirectory(const std::string& path) {
+  struct stat st {};
+  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+std::string asLibraryFile(const std::string& path) {
+  return isDirectory(path) ? path + "/" + kSoname : path;
+}
+
+std::string loadedPath(void* handle, void* symbol) {
+  Dl_info info{};
+  if (symbol != nullptr && dladdr(symbol, &info) != 0 && info.dli_fname != nullptr)
+    return info.dli_fname;
+  (void)handle;
+  return kSoname;
+}
+
+template <typename Fn>
+void resolve(void* handle, const char* name, Fn& fn, bool required, std::string& missing) {
+  fn = reinterpret_cast<Fn>(dlsym(handle, name));
+  if (fn == nullptr && required) missing += std::string(missing.empty() ? "" : ", ") + name;
+}
+
+std::unique_ptr<NcclApi> loadFrom(void* handle, std::string& why) {
+  auto api = std::make_unique<NcclApi>();
+  std::string missing;
+  resolve(handle, "ncclGetUniqueId", api->getUniqueId, true, missing);
+  resolve(handle, "ncclCommInitRank", api->commInitRank, true, missing);
+  resolve(handle, "ncclCommInitRankConfig", api->commInitRankConfig, false, missing);
+  resolve(handle, "ncclCommAbort", api->commAbort, true, missing);
+  resolve(handle, "ncclCommDestroy", api->commDestroy, true, missing);
+  resolve(handle, "ncclCommFinalize", api->commFinalize, false, missing);
+  resolve(handle, "ncclCommGetAsyncError", api->commGetAsyncError, true, missing);
+  resolve(handle, "ncclSend", api->send, true, missing);
+  resolve(handle, "ncclRecv", api->recv, true, missing);
+  resolve(handle, "ncclGroupStart", api->groupStart, true, missing);
+  resolve(handle, "ncclGroupEnd", api->groupEnd, true, missing);
+  resolve(handle, "ncclGetVersion", api->getVersion, true, missing);
+  resolve(handle, "ncclGetErrorString", api->getErrorString, true, missing);
+  resolve(handle, "ncclGetLastError", api->getLastError, false, missing);
+  if (!missing.empty()) {
+    why = "it lacks " + missing + " (NCCL 2.7 or newer is needed for send/recv)";
+    return nullptr;
+  }
+  api->path = loadedPath(handle, reinterpret_cast<void*>(api->getVersion));
+  if (api->getVersion(&api->version) != ncclSuccess) api->version = 0;
+  return api;
+}
+
+std::unique_ptr<NcclApi> tryOpen(const std::string& name, int flags, std::string& tried) {
+  void* handle = dlopen(name.c_str(), flags);
+  if (handle == nullptr) {
+    if (!(flags & RTLD_NOLOAD)) {
+      const char* err = dlerror();
+      tried += "\n  " + name + ": " + (err ? err : "not found");
+    }
+    return nullptr;
+  }
+  std::string why;
+  auto api = loadFrom(handle, why);
+  if (!api) tried += "\n  " + name + ": " + why;
+  return api;
+}
+
+std::unique_ptr<NcclApi> search(const std::string& hint) {
+  std::string tried;
+  if (const char* env = std::getenv("RINGCOMM_NCCL_LIBRARY"); env != nullptr && *env) {
+    // An explicit choice is final: falling back silently would hide a typo.
+    if (auto api = tryOpen(asLibraryFile(env), RTLD_NOW | RTLD_LOCAL, tried)) return api;
+    RC_THROW("RINGCOMM_NCCL_LIBRARY=", env, " could not be used as NCCL:", tried);
+  }
+  if (auto api = tryOpen(kSoname, RTLD_NOW | RTLD_NOLOAD, tried)) return api;
+  if (auto api = tryOpen(kSoname, RTLD_NOW | RTLD_LOCAL, tried)) return api;
+  if (!hint.empty())
+    if (auto api = tryOpen(asLibraryFile(hint), RTLD_NOW | RTLD_LOCAL, tried)) return api;
+  RC_THROW("ringcomm could not load NCCL (", kSoname, "). Tried:", tried,
+           "\nInstall it with `pip install nvidia-nccl-cu13` (or use the one PyTorch ships), "
+           "or set RINGCOMM_NCCL_LIBRARY to the library file.");
+}
+
+}  // namespace
+
+std::string NcclApi::describe(ncclResult_t result, ncclComm_t comm) const {
+  std::string text = getErrorString ? getErrorString(result) : "NCCL error";
+  text += " (ncclResult_t " + std::to_string(static_cast<int>(result)) + ")";
+  if (getLastError != nullptr) {
+    const char* last = getLastError(comm);
+    if (last != nullptr && *last) text += ": " + std::string(last);
+  }
+  return text;
+}
+
+const NcclApi& loadNccl(const std::string& hint) {
+  static std::mutex mutex;
+  static std::unique_ptr<NcclApi> api;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!api) api = search(hint);  // a failure is not cached: a later hint may succeed
+  return *api;
+}
+
+}  // namespace ringcomm

@@ -1,0 +1,49 @@
+"""The CUDA backend: ringcomm's ring over its own NCCL communicator (send/recv only)."""
+import os
+
+from . import _C
+
+SLICE_BYTES = int(os.environ.get("RINGCOMM_CUDA_SLICE_BYTES", 4 << 20))
+
+
+def nccl_library_hint():
+    """The nvidia-nccl-cu13 wheel's lib folder, if installed: NCCL is loaded at run time from the
+    library torch already loaded, else the system's, else this (RINGCOMM_NCCL_LIBRARY wins)."""
+    try:
+        import nvidia.nccl
+
+        return os.path.join(list(nvidia.nccl.__path__)[0], "lib")
+    except ImportError:
+        return ""
+
+
+def available():
+    return bool(_C.build_info()["cuda"]) and _C.cuda_available()
+
+
+def create(rendezvous, device_index, slice_bytes=None):
+    """A _C.CudaCommunicator on `device_index`; every rank of the group calls this together."""
+    if not _C.build_info()["cuda"]:
+        raise _C.RingcommError("this ringcomm was built without CUDA (no nvcc at build time); "
+                               "reinstall it on a machine with the CUDA toolkit")
+    if not _C.cuda_available():
+        raise _C.RingcommError("CUDA tensors were given but no CUDA device is usable")
+    hint = nccl_library_hint()
+    key = f"nccl-id-cuda{device_index}"
+    if rendezvous.rank == 0:
+        rendezvous.publish(key, _C.nccl_unique_id(hint))
+    unique_id = rendezvous.read(key, 0)
+    return _C.CudaCommunicator(rendezvous.rank, rendezvous.world_size, device_index, unique_id,
+                               slice_bytes=slice_bytes or SLICE_BYTES,
+                               timeout=rendezvous.timeout, library_hint=hint)
+
+
+def current_stream(buf):
+    """The caller's current stream for the buffer's device, as an integer handle."""
+    if buf.source.__class__.__module__.startswith("cupy"):
+        import cupy
+
+        return cupy.cuda.get_current_stream().ptr
+    import torch
+
+    return torch.cuda.current_stream(buf.device_index).cuda_stream

@@ -1,0 +1,82 @@
+"""The Python surface: op names, build info, async handles, the 16-bit wire, the schedule view."""
+import pytest
+import torch
+import torch.distributed as dist
+
+import ringcomm
+from launcher import launch
+from ringcomm.ops import to_reduce_op
+
+
+def test_ops_accept_our_members_torch_members_and_names():
+    assert to_reduce_op("sum") is ringcomm.ReduceOp.SUM
+    assert to_reduce_op("MAX") is ringcomm.ReduceOp.MAX
+    assert to_reduce_op(ringcomm.ReduceOp.BXOR) is ringcomm.ReduceOp.BXOR
+    assert to_reduce_op(dist.ReduceOp.PRODUCT) is ringcomm.ReduceOp.PROD
+    assert to_reduce_op(dist.ReduceOp.AVG) is ringcomm.ReduceOp.AVG
+    for bad in ("add", 3, dist.ReduceOp.PREMUL_SUM):
+        with pytest.raises(ValueError, match="unsupported reduction op"):
+            to_reduce_op(bad)
+
+
+def test_build_info_reports_cuda_and_archs():
+    info = ringcomm.build_info()
+    assert set(info) >= {"cuda", "cuda_archs", "nccl_version"}
+    if info["cuda"]:
+        assert "sm_90" in info["cuda_archs"] and info["nccl_version"].startswith("2.")
+    else:
+        assert info["cuda_archs"] == [] and info["nccl_version"] is None
+
+
+def test_communicator_needs_a_process_group():
+    if dist.is_initialized():
+        pytest.skip("a process group exists in this process")
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        ringcomm.Communicator()
+
+
+def wire_and_async(rank, n):
+    comm = ringcomm.Communicator(timeout=30)
+    torch.manual_seed(rank)
+    grads = torch.randn(10_000) * torch.logspace(-3, 3, 10_000)
+    out = {}
+    for wire in (torch.bfloat16, torch.float16):
+        t = grads.clone()
+        comm.all_reduce(t, op="avg", wire_dtype=wire)
+        out[wire] = t
+    # Async collectives run in call order, also behind and before synchronous ones.
+    a, b = torch.full((5,), float(rank)), torch.full((7,), 1.0)
+    w1 = comm.all_reduce(a, async_op=True)
+    w2 = comm.all_reduce(b, op="max", async_op=True)
+    c = comm.all_reduce(torch.ones(3))
+    w1.wait()
+    assert w2.get_future().wait() is b and w2.is_completed()
+    assert torch.equal(a, torch.full((5,), float(sum(range(n)))))
+    assert torch.equal(b, torch.ones(7)) and torch.equal(c, torch.full((3,), float(n)))
+    with pytest.raises(ringcomm.RingcommError, match="cannot travel as"):
+        comm.all_reduce(torch.ones(3, dtype=torch.float64), wire_dtype=torch.bfloat16)
+    comm.close()
+    return grads, out
+
+
+def test_16_bit_wire_accumulates_in_float32_and_agrees_across_ranks():
+    n = 3
+    results = launch(n, wire_and_async)
+    inputs = [r[0] for r in results]
+    exact = torch.stack(inputs).double().sum(0) / n
+    for wire in (torch.bfloat16, torch.float16):
+        outputs = [r[1][wire] for r in results]
+        assert all(torch.equal(outputs[0], o) for o in outputs[1:]), "ranks disagree"
+        assert outputs[0].dtype == torch.float32
+        # What rounding to 16 bits at every hop gives (torch's compress hooks' arithmetic).
+        hop16 = inputs[0].to(wire) / n
+        for x in inputs[1:]:
+            hop16 = hop16 + x.to(wire) / n
+        ours = (outputs[0].double() - exact).abs().sum()
+        theirs = (hop16.double() - exact).abs().sum()
+        assert ours < theirs, f"{wire}: ring error {ours} is not below 16-bit hops' {theirs}"
+
+
+def test_schedule_is_exported():
+    s = ringcomm.schedule("all_gather", world_size=2, count=3)
+    assert s.chunks == ((0, 3), (3, 3)) and len(s.steps) == 2
