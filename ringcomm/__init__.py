@@ -8,7 +8,7 @@ Example::
     t = torch.full((1000,), float(comm.rank))
     comm.all_reduce(t)
 """
-from . import _C
+from . import _C, ddp
 from ._C import CommTimeoutError, MismatchError, PeerError, RingcommError
 from .communicator import Communicator
 from .ops import ReduceOp
@@ -23,6 +23,7 @@ __all__ = [
     "PeerError",
     "Schedule",
     "build_info",
+    "ddp",
     "init",
     "schedule",
 ]

@@ -236,7 +236,7 @@ class Communicator:
             try:
                 self._call(buf, name, args, extra)
                 future.set_result(result)
-            except BaseException as error:  # delivered to whoever waits on the future
+            except Exception as error:  # delivered to whoever waits on the future
                 future.set_exception(error)
 
         self._last = self._worker.submit(task)

@@ -75,6 +75,8 @@ def schedule(primitive="all_reduce", world_size=4, count=None, root=0):
         kind = _C.Primitive.__members__[primitive]
     except KeyError:
         raise ValueError(f"unknown primitive {primitive!r}; one of {list(_C.Primitive.__members__)}") from None
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     if count is None:
         count = world_size if primitive in ("all_reduce", "broadcast", "reduce") else 1
     plans = [_C.make_plan(kind, rank, world_size, count, root) for rank in range(world_size)]

@@ -36,7 +36,8 @@ class Checker:
         comm.all_reduce(t, op=op)
         self.check(f"all_reduce {tag}", t, reduce_reference(n, count, op, dtype))
 
-        full = reduce_reference(n, n * count, op, dtype)[r * count:(r + 1) * count]
+        # Element j of rank r's block is element r * count + j of the whole input.
+        full = reduce_reference(n, count, op, dtype, salt=r * count)
         inp = make_input(r, n, n * count, op, dtype)
         before = inp.clone()
         out = torch.empty(count, dtype=dtype)
