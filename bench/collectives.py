@@ -1,0 +1,167 @@
+"""The collectives the benchmark knows, each in the shape of nccl-tests' ``struct testColl``:
+buffer layout (what the byte count means), input data with an exact expected result, the
+bus-bandwidth factor, and one run call for ringcomm and one for torch.distributed (the baseline).
+
+Inputs are small integers, so every sum, product, min and max is exact in every dtype and in
+any reduction order: a result is right or wrong, never "close".
+"""
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+# Largest integer each dtype holds exactly: bounds the values so a reduction over n ranks is exact.
+EXACT_LIMIT = {torch.int8: 127, torch.uint8: 255, torch.float16: 2048, torch.bfloat16: 256,
+               torch.int32: 2**31 - 1, torch.float32: 2**24, torch.int64: 2**62, torch.float64: 2**53}
+
+# torch 2.13 renamed the tensor forms (the old names warn); torch >= 2.4 has only the old ones.
+all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+TORCH_OPS = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN,
+             "max": dist.ReduceOp.MAX, "avg": dist.ReduceOp.AVG}
+
+
+class Pattern:
+    """Rank s's input element i, and the reduction of those values over ranks, in int64/float64."""
+
+    def __init__(self, op, dtype, nranks, device):
+        self.op, self.n, self.device = op, nranks, device
+        # Values 1..k with n*k within the dtype's exact range (k >= 1 even for many ranks).
+        self.k = max(1, min(8, EXACT_LIMIT[dtype] // nranks))
+
+    def values(self, rank, start, length):
+        i = torch.arange(start, start + length, dtype=torch.int64, device=self.device)
+        if self.op == "prod":
+            # Exactly one rank contributes a 2 at each index: the product is 2 for any n.
+            return torch.where((i + rank) % self.n == 0, 2, 1)
+        return (i + 3 * rank) % self.k + 1
+
+    def reduce(self, start, length):
+        acc = self.values(0, start, length)
+        for s in range(1, self.n):
+            v = self.values(s, start, length)
+            if self.op in ("sum", "avg"):
+                acc += v
+            elif self.op == "prod":
+                acc *= v
+            elif self.op == "min":
+                torch.minimum(acc, v, out=acc)
+            else:
+                torch.maximum(acc, v, out=acc)
+        return acc.double() / self.n if self.op == "avg" else acc
+
+
+@dataclass
+class Buffers:
+    """One size's buffers; in-place variants are views, as nccl-tests does (sendbuff inside recvbuff)."""
+
+    send: torch.Tensor
+    recv: torch.Tensor
+    blocks: list  # the n-block buffer split per rank: torch's gather/scatter take lists
+    rank: int
+
+
+@dataclass(frozen=True)
+class Collective:
+    name: str
+    # "same": one count-element buffer (in place only, as in ringcomm and torch.distributed);
+    # "gather": send p, recv n*p elements; "scatter": send n*p, recv p.
+    layout: str
+    bus_factor: Callable[[int], float]  # busbw = algbw * factor(n), algbw from the full size
+    has_op: bool
+    has_root: bool
+    ringcomm: Callable  # (comm, bufs, op_name, root)
+    torch: Callable  # (bufs, torch_op, root, group)
+    # (pattern, rank, n, p, root) -> expected output of this rank, or None where it is unspecified
+    expected: Callable
+
+    @property
+    def in_place_only(self):
+        return self.layout == "same"
+
+    def counts(self, nbytes, elsize, nranks):
+        """(count column, full element count) for a requested byte size: nccl-tests' GetCollByteCount."""
+        count = max(1, nbytes // elsize)
+        if self.layout == "same":
+            return count, count
+        p = max(1, count // nranks)  # per-rank block
+        return p, p * nranks
+
+    def allocate(self, p, nranks, rank, dtype, device, inplace):
+        empty = lambda numel: torch.empty(numel, dtype=dtype, device=device)  # noqa: E731
+        if self.layout == "same":
+            send = recv = full = empty(p)
+        elif self.layout == "gather":
+            recv = full = empty(nranks * p)
+            send = recv[rank * p:(rank + 1) * p] if inplace else empty(p)
+        else:
+            send = full = empty(nranks * p)
+            recv = send[rank * p:(rank + 1) * p] if inplace else empty(p)
+        return Buffers(send, recv, list(full.split(p)) if self.layout != "same" else [], rank)
+
+    def init(self, bufs, pattern, nranks):
+        """Writes this rank's input; the output is cleared first so a no-op shows as #wrong."""
+        bufs.recv.zero_()
+        length = bufs.send.numel()
+        bufs.send.copy_(pattern.values(bufs.rank, 0, length))
+
+
+def _reduced(pat, rank, n, p, root):
+    return pat.reduce(0, p)
+
+
+def _gathered(pat, rank, n, p, root):
+    return torch.cat([pat.values(s, 0, p) for s in range(n)])
+
+
+def _at_root(expected):
+    return lambda pat, rank, n, p, root: expected(pat, rank, n, p, root) if rank == root else None
+
+
+def _ring(n):
+    return (n - 1) / n
+
+
+COLLECTIVES = {c.name: c for c in [
+    Collective(
+        "all_reduce", "same", lambda n: 2 * (n - 1) / n, True, False,
+        ringcomm=lambda comm, b, op, root: comm.all_reduce(b.recv, op=op),
+        torch=lambda b, op, root, g: dist.all_reduce(b.recv, op=op, group=g),
+        expected=_reduced),
+    Collective(
+        "reduce_scatter", "scatter", _ring, True, False,
+        ringcomm=lambda comm, b, op, root: comm.reduce_scatter(b.recv, b.send, op=op),
+        torch=lambda b, op, root, g: reduce_scatter_tensor(b.recv, b.send, op=op, group=g),
+        expected=lambda pat, rank, n, p, root: pat.reduce(rank * p, p)),
+    Collective(
+        "all_gather", "gather", _ring, False, False,
+        ringcomm=lambda comm, b, op, root: comm.all_gather(b.recv, b.send),
+        torch=lambda b, op, root, g: all_gather_tensor(b.recv, b.send, group=g),
+        expected=_gathered),
+    Collective(
+        "broadcast", "same", lambda n: 1.0, False, True,
+        ringcomm=lambda comm, b, op, root: comm.broadcast(b.recv, src=root),
+        torch=lambda b, op, root, g: dist.broadcast(b.recv, src=root, group=g),
+        expected=lambda pat, rank, n, p, root: pat.values(root, 0, p)),
+    Collective(
+        "reduce", "same", lambda n: 1.0, True, True,
+        ringcomm=lambda comm, b, op, root: comm.reduce(b.recv, dst=root, op=op),
+        torch=lambda b, op, root, g: dist.reduce(b.recv, dst=root, op=op, group=g),
+        expected=_at_root(_reduced)),
+    Collective(
+        "gather", "gather", _ring, False, True,
+        ringcomm=lambda comm, b, op, root: comm.gather(b.recv if b.rank == root else None, b.send,
+                                                       dst=root),
+        torch=lambda b, op, root, g: dist.gather(b.send, b.blocks if b.rank == root else None,
+                                                 dst=root, group=g),
+        expected=_at_root(_gathered)),
+    Collective(
+        "scatter", "scatter", _ring, False, True,
+        ringcomm=lambda comm, b, op, root: comm.scatter(b.recv, b.send if b.rank == root else None,
+                                                        src=root),
+        torch=lambda b, op, root, g: dist.scatter(b.recv, b.blocks if b.rank == root else None,
+                                                  src=root, group=g),
+        expected=lambda pat, rank, n, p, root: pat.values(root, rank * p, p)),
+]}

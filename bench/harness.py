@@ -1,0 +1,302 @@
+"""The shared benchmark harness (nccl-tests' common.cu in miniature): sizes, warm-up, timing,
+checking, the table, JSON and the plot. Collective-specific parts live in collectives.py.
+
+Timing follows nccl-tests: per size, warm up, synchronise every rank, run `iters` calls back to
+back, and take the per-rank mean; the reported time is the slowest rank's. Validation runs after
+timing, on freshly initialised buffers, so checking never slows the timed loop.
+"""
+import json
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from collectives import Pattern, all_gather_tensor
+
+# nccl-tests' type names first; torch-style aliases accepted on the command line.
+DTYPES = {"int8": torch.int8, "uint8": torch.uint8, "int32": torch.int32, "int64": torch.int64,
+          "half": torch.float16, "float": torch.float32, "double": torch.float64,
+          "bfloat16": torch.bfloat16}
+DTYPE_ALIASES = {"float16": "half", "float32": "float", "float64": "double", "bf16": "bfloat16",
+                 "int": "int32", "char": "int8"}
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text):
+    """'8', '1K', '64M', '1G' (powers of 1024, like nccl-tests) -> bytes."""
+    text = str(text).strip().upper().removesuffix("B")
+    unit = text[-1:] if text[-1:] in _UNITS and text[-1:] else ""
+    try:
+        value = int(text[: len(text) - len(unit)]) * _UNITS[unit]
+    except ValueError:
+        raise ValueError(f"bad size {text!r}: use a number with an optional K, M or G") from None
+    if value <= 0:
+        raise ValueError(f"size must be positive, got {text!r}")
+    return value
+
+
+def format_size(nbytes):
+    for unit in ("G", "M", "K"):
+        if nbytes >= _UNITS[unit] and nbytes % _UNITS[unit] == 0:
+            return f"{nbytes // _UNITS[unit]}{unit}"
+    return str(nbytes)
+
+
+def sweep(minbytes, maxbytes, factor):
+    """minbytes, minbytes*factor, ... <= maxbytes, and maxbytes itself (so -e is always measured)."""
+    if factor < 2:
+        raise ValueError("stepfactor must be >= 2")
+    sizes, size = [], minbytes
+    while size <= maxbytes:
+        sizes.append(size)
+        size *= factor
+    if not sizes or sizes[-1] != maxbytes:
+        sizes.append(maxbytes)
+    return sizes
+
+
+# -- timing ----------------------------------------------------------------------------------
+
+class CpuTimer:
+    """Wall clock; CPU collectives return when this rank's part is done."""
+
+    def start(self):
+        self.t0 = time.perf_counter()
+
+    def stop(self):
+        return time.perf_counter() - self.t0
+
+    def sync(self):
+        pass
+
+
+class CudaTimer:
+    """CUDA events on the current stream: measures the GPU work, not Python's launch time."""
+
+    def __init__(self):
+        self.begin = torch.cuda.Event(enable_timing=True)
+        self.end = torch.cuda.Event(enable_timing=True)
+
+    def start(self):
+        self.begin.record()
+
+    def stop(self):
+        self.end.record()
+        self.end.synchronize()
+        return self.begin.elapsed_time(self.end) / 1e3
+
+    def sync(self):
+        torch.cuda.synchronize()
+
+
+def memcpy_bandwidth(device, nbytes=64 << 20, reps=5):
+    """The local copy bandwidth (bytes copied per second, GB = 1e9): the ceiling for any collective
+    that moves data through this memory."""
+    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    timer = CudaTimer() if src.is_cuda else CpuTimer()
+    dst.copy_(src)  # first touch: page faults are not bandwidth
+    times = []
+    for _ in range(reps):
+        timer.sync()
+        timer.start()
+        dst.copy_(src)
+        times.append(timer.stop())
+    return nbytes / sorted(times)[len(times) // 2] / 1e9
+
+
+# -- measuring -------------------------------------------------------------------------------
+
+@dataclass
+class Impl:
+    """One implementation under test: name (ringcomm, gloo, nccl, nccl-ring) and its run call."""
+
+    name: str
+    run: object  # (coll, bufs) -> None
+
+
+@dataclass
+class Settings:
+    iters: int = 20
+    warmup: int = 5
+    check: bool = True
+    op: str = "sum"
+    root: int = 0
+    type_name: str = "float"
+
+
+_BAR_DELAY = 2  # seconds before the progress bar appears
+
+
+class Bench:
+    """Runs one collective over a size sweep on every rank; rank 0 gets the records."""
+
+    def __init__(self, rank, nranks, device, ctl_group, settings):
+        self.rank, self.n, self.device, self.ctl, self.s = rank, nranks, device, ctl_group, settings
+        self.dtype = DTYPES[settings.type_name]
+        self.timer = CudaTimer() if device.type == "cuda" else CpuTimer()
+
+    def _time(self, impl, coll, bufs):
+        for _ in range(self.s.warmup):
+            impl.run(coll, bufs)
+        self.timer.sync()
+        dist.barrier(group=self.ctl)  # every rank starts the timed loop together
+        self.timer.start()
+        for _ in range(self.s.iters):
+            impl.run(coll, bufs)
+        return self.timer.stop() / self.s.iters
+
+    def _wrong(self, impl, coll, bufs, pattern, p):
+        """#wrong elements on this rank, after one call on fresh inputs (nccl-tests' check)."""
+        coll.init(bufs, pattern, self.n)
+        impl.run(coll, bufs)
+        expected = coll.expected(pattern, self.rank, self.n, p, self.s.root)
+        if expected is None:  # output unspecified on this rank (reduce/gather off the root)
+            return 0
+        out = bufs.recv
+        if self.s.op == "avg" and out.is_floating_point():  # one rounding: allow 2 ulp
+            tol = 2 * torch.finfo(out.dtype).eps * expected.abs()
+            return int(((out.double() - expected).abs() > tol).sum())
+        return int((out != expected.to(out.dtype)).sum())
+
+    def _combine(self, seconds, wrong):
+        """Slowest rank's mean time and the total #wrong, as nccl-tests reports them."""
+        mine = torch.tensor([seconds, float(wrong)], dtype=torch.float64)
+        every = torch.empty(self.n * 2, dtype=torch.float64)
+        all_gather_tensor(every, mine, group=self.ctl)
+        every = every.view(self.n, 2)
+        return float(every[:, 0].max()), int(every[:, 1].sum())
+
+    def run(self, coll, impls, sizes, on_row=None):
+        """Measures every size, variant and implementation; returns rank 0's records."""
+        elsize = torch.tensor([], dtype=self.dtype).element_size()
+        pattern = Pattern(self.s.op, self.dtype, self.n, self.device)
+        variants = [True] if coll.in_place_only else [False, True]
+        counts = sorted({coll.counts(b, elsize, self.n) for b in sizes})
+        records = []
+        # A bar only where someone watches (a terminal), and only once a sweep takes a while.
+        bar = tqdm(total=len(counts) * len(variants) * len(impls), desc=coll.name, unit="run",
+                   file=sys.stderr, delay=_BAR_DELAY, leave=False,
+                   disable=self.rank != 0 or not sys.stderr.isatty())
+        for p, full in counts:
+            row = []
+            for inplace in variants:
+                bufs = coll.allocate(p, self.n, self.rank, self.dtype, self.device, inplace)
+                coll.init(bufs, pattern, self.n)
+                for impl in impls:  # alternate implementations on the same buffers
+                    seconds = self._time(impl, coll, bufs)
+                    wrong = self._wrong(impl, coll, bufs, pattern, p) if self.s.check else 0
+                    seconds, wrong = self._combine(seconds, wrong)
+                    row.append(self._record(coll, impl.name, p, full * elsize, inplace, seconds,
+                                            wrong if self.s.check else None))
+                    bar.update()
+                del bufs
+            records += row
+            if on_row and self.rank == 0:
+                shown = not bar.disable and time.time() - bar.start_t >= _BAR_DELAY
+                if shown:  # refresh() would show the bar before its delay is up
+                    bar.clear()
+                on_row(row)
+                if shown:
+                    bar.refresh()
+        bar.close()
+        return records
+
+    def _record(self, coll, impl, count, nbytes, inplace, seconds, wrong):
+        algbw = nbytes / seconds / 1e9
+        return {"collective": coll.name, "impl": impl, "size": nbytes, "count": count,
+                "type": self.s.type_name, "redop": self.s.op if coll.has_op else "none",
+                "root": self.s.root if coll.has_root else -1, "inplace": inplace,
+                "time_us": seconds * 1e6, "algbw": algbw, "busbw": algbw * coll.bus_factor(self.n),
+                "wrong": wrong, "nranks": self.n, "device": self.device.type}
+
+
+# -- output ----------------------------------------------------------------------------------
+
+_KEY = "{:>12} {:>13} {:>9} {:>6} {:>5}"
+_BLOCK = " {:>9} {:>7} {:>7} {:>6}"
+
+
+def table_header(impl_names, title_lines):
+    """nccl-tests' header: key columns, then (out-of-place, in-place) per implementation, then
+    the ratio of the first implementation's busbw to the last's."""
+    lines = [f"# {line}" for line in title_lines] + ["#"]
+    width = len(_BLOCK.format("", "", "", ""))
+    blocks = "".join(f"{name + ': out-of-place':>{width}}{'in-place':>{width}}" for name in impl_names)
+    ratio = f"  {impl_names[0]}/{impl_names[-1]} busbw" if len(impl_names) > 1 else ""
+    lines.append("#" + " " * 49 + blocks + ratio)
+    cols = _BLOCK.format("time", "algbw", "busbw", "#wrong") * 2 * len(impl_names)
+    units = _BLOCK.format("(us)", "(GB/s)", "(GB/s)", "") * 2 * len(impl_names)
+    lines.append("#" + _KEY.format("size", "count", "type", "redop", "root")[1:] + cols
+                 + ("   oop     ip" if ratio else ""))
+    lines.append("#" + _KEY.format("(B)", "(elements)", "", "", "")[1:] + units)
+    return "\n".join(lines)
+
+
+def table_row(records, impl_names):
+    """One line from one size's records (any order); N/A where a variant was not measured."""
+    by = {(r["impl"], r["inplace"]): r for r in records}
+    first = records[0]
+    line = _KEY.format(first["size"], first["count"], first["type"], first["redop"], first["root"])
+    for name in impl_names:
+        for inplace in (False, True):
+            r = by.get((name, inplace))
+            if r is None:
+                line += _BLOCK.format("N/A", "N/A", "N/A", "N/A")
+            else:
+                wrong = "N/A" if r["wrong"] is None else r["wrong"]
+                line += _BLOCK.format(_time_text(r["time_us"]), f"{r['algbw']:.2f}",
+                                      f"{r['busbw']:.2f}", wrong)
+    if len(impl_names) > 1:
+        for inplace in (False, True):
+            a, b = by.get((impl_names[0], inplace)), by.get((impl_names[-1], inplace))
+            # Same size and factor, so the busbw ratio is the time ratio (defined even when n = 1).
+            line += f" {b['time_us'] / a['time_us']:6.2f}" if a and b else f" {'N/A':>6}"
+    return line
+
+
+def _time_text(us):
+    """Fixed width like nccl-tests: fewer decimals as the time grows."""
+    return f"{us:.2f}" if us < 1e4 else f"{us:.1f}" if us < 1e5 else f"{us:.0f}"
+
+
+def write_json(path, records):
+    with open(path, "w") as f:
+        json.dump(records, f, indent=1)
+
+
+def write_plot(path, records, title):
+    """busbw against size, log-x, one line per implementation and variant, one panel per
+    collective."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    colls = list(dict.fromkeys(r["collective"] for r in records))
+    fig, axes = plt.subplots(1, len(colls), figsize=(6 * len(colls), 4.2), squeeze=False)
+    for ax, coll in zip(axes[0], colls):
+        mine = [r for r in records if r["collective"] == coll]
+        for color, impl in enumerate(dict.fromkeys(r["impl"] for r in mine)):
+            for inplace in (False, True):
+                pts = sorted((r["size"], r["busbw"]) for r in mine
+                             if r["impl"] == impl and r["inplace"] == inplace)
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", ms=3, color=f"C{color}",
+                            linestyle="-" if inplace else "--",
+                            label=f"{impl} ({'in-place' if inplace else 'out-of-place'})")
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_locator(LogLocator(base=2, numticks=10))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: format_size(int(round(x)))))
+        ax.set(title=coll, xlabel="size (bytes)", ylabel="busbw (GB/s)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

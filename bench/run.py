@@ -1,0 +1,210 @@
+"""ringcomm against the collectives users run today (gloo on CPU, NCCL on GPU), in nccl-tests'
+terms.
+
+    python bench/run.py                                  # quick all_reduce sweep on this machine
+    python bench/run.py --nproc 4 -b 8 -e 64M -f 2 --collective all --json r.json --plot r.png
+    torchrun --nproc-per-node 8 bench/run.py --device cuda --baseline nccl-ring
+
+Spawns --nproc local ranks itself unless started by torchrun (RANK/WORLD_SIZE in the environment).
+"""
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+try:
+    import ringcomm
+except ImportError:  # run from a source checkout: the package sits next to bench/
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    import ringcomm
+
+import harness
+from collectives import COLLECTIVES, TORCH_OPS
+
+BASELINES = ("auto", "gloo", "nccl", "nccl-ring", "none")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("-b", "--minbytes", type=harness.parse_size, default="8", help="smallest size")
+    p.add_argument("-e", "--maxbytes", type=harness.parse_size, default="64M",
+                   help="largest size (always measured)")
+    p.add_argument("-f", "--stepfactor", type=int, default=8, help="size multiplier per step")
+    p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per size")
+    p.add_argument("-w", "--warmup_iters", type=int, default=5, help="untimed iterations first")
+    p.add_argument("-c", "--check", type=int, choices=(0, 1), default=1, help="validate results")
+    p.add_argument("-d", "--datatype", default="float",
+                   choices=sorted(harness.DTYPES) + sorted(harness.DTYPE_ALIASES))
+    p.add_argument("-o", "--op", default="sum", choices=sorted(TORCH_OPS))
+    p.add_argument("-r", "--root", type=int, default=0, help="root of broadcast/reduce/gather/scatter")
+    p.add_argument("--collective", default="all_reduce", type=_collectives,
+                   help=f"comma-separated, or 'all': {', '.join(COLLECTIVES)}")
+    p.add_argument("--nproc", type=int, default=None,
+                   help="local ranks to spawn when not under torchrun; None: 2 on CPU, "
+                        "one per GPU on CUDA")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--baseline", default="auto", choices=BASELINES,
+                   help="auto: nccl on CUDA, gloo on CPU; nccl-ring sets NCCL_ALGO=Ring")
+    p.add_argument("--json", metavar="PATH", help="write the records as a JSON list")
+    p.add_argument("--plot", metavar="PATH", help="write a PNG of busbw against size")
+    p.add_argument("--timeout", type=float, default=300, help="ringcomm communicator timeout (s)")
+    args = p.parse_args(argv)
+
+    args.datatype = harness.DTYPE_ALIASES.get(args.datatype, args.datatype)
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda, but torch sees no CUDA device")
+    if args.baseline == "auto":
+        args.baseline = "nccl" if args.device == "cuda" else "gloo"
+    if args.baseline.startswith("nccl") and args.device != "cuda":
+        p.error(f"--baseline {args.baseline} needs --device cuda")
+    if args.op == "avg" and args.baseline == "gloo":
+        p.error("gloo has no avg reduction; use --baseline none (or another op)")
+    if args.minbytes > args.maxbytes:
+        p.error("--minbytes is larger than --maxbytes")
+    if args.iters < 1 or args.warmup_iters < 0:
+        p.error("need -n >= 1 and -w >= 0")
+    return args
+
+
+def _collectives(text):
+    names = list(COLLECTIVES) if text == "all" else [t.strip() for t in text.split(",")]
+    unknown = [n for n in names if n not in COLLECTIVES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown collective(s) {unknown}; "
+                                         f"choose from {list(COLLECTIVES)} or 'all'")
+    return names
+
+
+def _device(args, rank):
+    if args.device == "cpu":
+        return torch.device("cpu")
+    local = int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count()
+    torch.cuda.set_device(local)
+    return torch.device("cuda", local)
+
+
+def _ringcomm_impl(comm, args, device):
+    """ringcomm, or None where this build cannot run on the device (said once, not fatal)."""
+    if device.type == "cuda" and not ringcomm.build_info()["cuda"]:
+        if comm.rank == 0:
+            print("# ringcomm skipped: this build has no CUDA path (built without nvcc)", flush=True)
+        return None
+    return harness.Impl("ringcomm", lambda c, b: c.ringcomm(comm, b, args.op, args.root))
+
+
+def _share_gpu(rank):
+    """More ranks than GPUs: NCCL refuses two ranks on one GPU unless told (FIELD-NOTES)."""
+    if torch.cuda.nccl.version() >= (2, 30, 0):
+        os.environ.setdefault("NCCL_MULTI_RANK_GPU_ENABLE", "1")
+    else:  # older NCCL: make each rank look like its own host, talking over loopback sockets
+        os.environ.setdefault("NCCL_HOSTID", f"ringcomm-bench-{rank}")
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+
+
+def worker(rank, world, args, init_method):
+    """One rank: set up both implementations, run every requested collective, report on rank 0."""
+    if args.baseline == "nccl-ring":
+        os.environ["NCCL_ALGO"] = "Ring"  # read when NCCL creates its communicator, below
+    device = _device(args, rank)
+    if device.type == "cuda" and world > torch.cuda.device_count():
+        _share_gpu(rank)
+    backend = "nccl" if args.baseline.startswith("nccl") else "gloo"
+    eager = {"device_id": device} if backend == "nccl" else {}  # NCCL set up now, env as above
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
+                            **eager)
+    # Barriers and result gathering get their own gloo group: never queued behind the baseline.
+    ctl = dist.new_group(backend="gloo")
+    if not 0 <= args.root < world:
+        raise SystemExit(f"--root {args.root} is not a rank of {world}")
+    comm = ringcomm.Communicator(timeout=args.timeout)
+    impls = [i for i in [_ringcomm_impl(comm, args, device)] if i]
+    if args.baseline != "none":
+        op = TORCH_OPS[args.op]
+        impls.append(harness.Impl(args.baseline, lambda c, b: c.torch(b, op, args.root, None)))
+    if not impls:
+        raise SystemExit("nothing to measure: ringcomm cannot run here and --baseline is none")
+
+    if rank == 0:  # alone on the machine while the others wait, so the figure is clean
+        ceiling = harness.memcpy_bandwidth(device)
+        threads = f", {torch.get_num_threads()} threads" if device.type == "cpu" else ""
+        print(f"# memcpy ceiling (torch copy_ of 64 MiB on {device.type}{threads}): "
+              f"{ceiling:.2f} GB/s\n#", flush=True)
+    dist.barrier(group=ctl)
+
+    settings = harness.Settings(args.iters, args.warmup_iters, bool(args.check), args.op,
+                                args.root, args.datatype)
+    bench = harness.Bench(rank, world, device, ctl, settings)
+    names = [i.name for i in impls]
+    sizes = harness.sweep(args.minbytes, args.maxbytes, args.stepfactor)
+    records = []
+    for name in args.collective:
+        coll = COLLECTIVES[name]
+        if rank == 0:
+            print(harness.table_header(names, _title(coll, args, world, device)),
+                  flush=True)
+        rows = bench.run(coll, impls, sizes, on_row=lambda row: print(
+            harness.table_row(row, names), flush=True))
+        records += rows
+        if rank == 0:
+            print(_summary(rows, names) + "\n", flush=True)
+
+    if rank == 0:
+        if args.json:
+            harness.write_json(args.json, records)
+        if args.plot:
+            harness.write_plot(args.plot, records, f"{world} ranks, {device.type}, "
+                                                   f"{args.datatype}")
+    comm.close()
+    dist.destroy_process_group()
+
+
+def _title(coll, args, world, device):
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else \
+        f"{os.cpu_count()} CPU cores"
+    lines = [f"ringcomm bench: {coll.name}, {world} ranks on {where}; type {args.datatype}, "
+             f"op {args.op}, root {args.root}; iters {args.iters}, warmup {args.warmup_iters}, "
+             f"check {args.check}; baseline {args.baseline}",
+             "time: slowest rank's mean over the timed iterations; GB = 1e9 bytes"]
+    if coll.in_place_only:
+        lines.append(f"{coll.name} is in place in ringcomm and torch.distributed: out-of-place "
+                     "is N/A")
+    return lines
+
+
+def _summary(rows, names):
+    """nccl-tests' closing 'Avg bus bandwidth' line, per implementation."""
+    parts = []
+    for name in names:
+        bw = [r["busbw"] for r in rows if r["impl"] == name]
+        parts.append(f"{name} {sum(bw) / len(bw):.3f}")
+    return "# avg busbw (GB/s): " + ", ".join(parts)
+
+
+def _spawned(index, world, args, init_method):
+    worker(index, world, args, init_method)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun started us
+        worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args, "env://")
+        return
+    world = args.nproc or (torch.cuda.device_count() if args.device == "cuda" else 2)
+    if not 0 <= args.root < world:
+        raise SystemExit(f"run.py: error: --root {args.root} is not a rank of {world}")
+    with tempfile.TemporaryDirectory(prefix="ringcomm-bench-") as tmp:
+        # fork starts in a fraction of a second; CUDA cannot survive a fork, so spawn there.
+        torch.multiprocessing.start_processes(
+            _spawned, args=(world, args, f"file://{tmp}/store"), nprocs=world, join=True,
+            start_method="spawn" if args.device == "cuda" else "fork")
+
+
+if __name__ == "__main__":
+    main()
