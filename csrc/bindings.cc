@@ -36,6 +36,7 @@ py::dict planToDict(const Plan& plan) {
     row["reduce"] = step.reduce;
     row["store"] = step.store;
     row["finalize"] = step.finalize;
+    row["ack"] = step.ack;
     steps.append(row);
   }
   py::dict result;
@@ -126,12 +127,13 @@ PYBIND11_MODULE(_C, m) {
   reducer.def(
       "reduce",
       [](Reducer& self, uintptr_t out0, uintptr_t out1, uintptr_t a, uintptr_t b, size_t n,
-         DataType type, RedOp op, int divisor, bool finalize) {
+         DataType type, RedOp op, int divisor, bool finalize, std::optional<DataType> wire) {
         self.reduce(address(out0), address(out1), address(a), address(b), n,
-                    ReduceSpec{type, op, divisor, type}, finalize);
+                    ReduceSpec{type, op, divisor, wire.value_or(type)}, finalize);
       },
       py::arg("out0"), py::arg("out1"), py::arg("a"), py::arg("b"), py::arg("n"),
       py::arg("dtype"), py::arg("op"), py::arg("divisor") = 1, py::arg("finalize") = false,
+      py::arg("wire_dtype") = py::none(),
       py::call_guard<py::gil_scoped_release>());
   py::class_<CpuReducer, Reducer, std::shared_ptr<CpuReducer>>(m, "CpuReducer").def(py::init<>());
 

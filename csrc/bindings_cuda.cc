@@ -1,8 +1,10 @@
 // The CUDA part of ringcomm._C: device queries, NCCL loading, kernel test entry points and the
 // CUDA communicator. Compiled only with RINGCOMM_WITH_CUDA; needs no CUDA header itself.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "cuda/cuda_backend.h"
@@ -30,13 +32,22 @@ void bindCuda(py::module_& m) {
       }, py::arg("hint") = "");
   m.def("reduce_kernel",
         [](uintptr_t out0, uintptr_t out1, uintptr_t a, uintptr_t b, size_t n, DataType type,
-           RedOp op, int divisor, bool finalize, float scale, uintptr_t stream) {
-          reduceOnDevice(out0, out1, a, b, n, type, op, divisor, finalize, scale, stream);
+           RedOp op, int divisor, bool finalize, float scale, uintptr_t stream,
+           std::optional<DataType> wire) {
+          reduceOnDevice(out0, out1, a, b, n, type, op, divisor, finalize, scale, stream,
+                         wire.value_or(type));
         },
         py::arg("out0"), py::arg("out1"), py::arg("a"), py::arg("b"), py::arg("n"),
         py::arg("dtype"), py::arg("op"), py::arg("divisor") = 1, py::arg("finalize") = false,
-        py::arg("scale") = 1.0f, py::arg("stream") = 0, release,
-        "Enqueues out0/out1 = op(a, b) on the current device; pointers are device addresses");
+        py::arg("scale") = 1.0f, py::arg("stream") = 0, py::arg("wire_dtype") = py::none(),
+        release,
+        "Enqueues out0/out1 = op(a, b) on the current device; pointers are device addresses. "
+        "With wire_dtype (float16/bfloat16 under float32), out1 and b are in wire_dtype");
+  m.def("convert_kernel", &convertOnDevice, py::arg("out0"), py::arg("out1"), py::arg("src"),
+        py::arg("src_is_wire"), py::arg("n"), py::arg("wire_dtype"), py::arg("stream") = 0,
+        release,
+        "Enqueues out0 (float32) and out1 (wire_dtype) = src, which is in wire_dtype when "
+        "src_is_wire");
   m.def("copy_kernel", &copyOnDevice, py::arg("out0"), py::arg("out1"), py::arg("src"),
         py::arg("bytes"), py::arg("stream") = 0, release);
 
@@ -65,9 +76,11 @@ void bindCuda(py::module_& m) {
       .def_property_readonly("sequence", &Comm::sequence)
       .def("all_reduce",
            [](Comm& c, uintptr_t data, size_t n, DataType t, RedOp op, uintptr_t stream,
-              float scale) { c.allReduce(address(data), n, t, op, stream, scale); },
+              float scale, std::optional<DataType> wire) {
+             c.allReduce(address(data), n, t, op, stream, scale, wire.value_or(t));
+           },
            py::arg("data"), py::arg("n"), py::arg("dtype"), py::arg("op"), py::arg("stream") = 0,
-           py::arg("scale") = 1.0f, release)
+           py::arg("scale") = 1.0f, py::arg("wire_dtype") = py::none(), release)
       .def("reduce_scatter",
            [](Comm& c, uintptr_t out, uintptr_t in, size_t n, DataType t, RedOp op,
               uintptr_t stream) { c.reduceScatter(address(out), address(in), n, t, op, stream); },

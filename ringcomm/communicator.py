@@ -1,7 +1,9 @@
 """Communicator: ring collectives on torch tensors, numpy arrays and cupy arrays."""
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import torch
 
 from . import _C, cpu_backend, cuda_backend, work
@@ -24,6 +26,14 @@ class Communicator:
         timeout: a ``datetime.timedelta`` or seconds: the longest any wait may take
             (default: ``torch.distributed.default_pg_timeout``).
         slice_bytes: pipelining granularity (default: the transport's message size).
+        debug: before every collective, compare what each rank is about to run (kind, count,
+            dtype, op, root) with one small CPU all_gather and raise MismatchError on every
+            rank if they differ. The CPU ring checks this on every message anyway; this mode is
+            for CUDA, where NCCL carries no header. Costs one small collective per call
+            (~10-100 us). Default: ``RINGCOMM_DEBUG`` is ``1`` or ``DETAIL``.
+        check_finite: before every collective, look for NaN/Inf in each rank's input and, if
+            any rank has one, raise FloatingPointError on every rank naming the rank and the
+            first bad index. Default: ``RINGCOMM_CHECK_FINITE=1``.
 
     Example::
 
@@ -34,12 +44,15 @@ class Communicator:
         comm.close()
     """
 
-    def __init__(self, group=None, timeout=None, *, slice_bytes=None):
+    def __init__(self, group=None, timeout=None, *, slice_bytes=None, debug=None, check_finite=None):
         self._rendezvous = Rendezvous(group, timeout)
         self.rank = self._rendezvous.rank
         self.world_size = self._rendezvous.world_size
         self.timeout = self._rendezvous.timeout
         self._slice_bytes = slice_bytes
+        self.debug = _env_flag("RINGCOMM_DEBUG", ("1", "DETAIL")) if debug is None else bool(debug)
+        self.check_finite = _env_flag("RINGCOMM_CHECK_FINITE", ("1",)) if check_finite is None \
+            else bool(check_finite)
         self._backends = {}
         self._lock = threading.Lock()
         self._worker = None  # runs async_op collectives on CPU, in order
@@ -64,9 +77,8 @@ class Communicator:
         c_op = self._op(op, buf)
         extra = {}
         if wire_dtype is not None and as_c_dtype(wire_dtype) != buf.c_dtype:
-            if buf.device == "cuda":
-                raise NotImplementedError("a 16-bit wire_dtype is implemented on CPU only so far")
             extra["wire_dtype"] = as_c_dtype(wire_dtype)
+        self._precheck("all_reduce", buf, c_op, 0, buf)
         return self._run(buf, "all_reduce", (buf.address, buf.numel, buf.c_dtype, c_op), tensor,
                          async_op, **extra)
 
@@ -82,6 +94,7 @@ class Communicator:
         self._sizes(inp.numel, out.numel * self.world_size, "input", "world_size x output")
         self._aliasing(out, inp, inp.element_address(self.rank * out.numel))
         c_op = self._op(op, out)
+        self._precheck("reduce_scatter", out, c_op, 0, inp)
         return self._run(out, "reduce_scatter", (out.address, inp.address, out.numel, out.c_dtype, c_op),
                          output, async_op)
 
@@ -96,6 +109,7 @@ class Communicator:
         self._same_kind(out, inp)
         self._sizes(out.numel, inp.numel * self.world_size, "output", "world_size x input")
         self._aliasing(out, inp, out.element_address(self.rank * inp.numel), inp_inside_out=True)
+        self._precheck("all_gather", inp, None, 0, inp)
         return self._run(out, "all_gather", (out.address, inp.address, inp.numel, out.c_dtype),
                          output, async_op)
 
@@ -108,6 +122,7 @@ class Communicator:
         """
         buf = self._writable(tensor, "tensor")
         self._root(src, "src")
+        self._precheck("broadcast", buf, None, src, buf if self.rank == src else None)
         return self._run(buf, "broadcast", (buf.address, buf.numel, buf.c_dtype, src), tensor, async_op)
 
     def reduce(self, tensor, dst=0, op="sum", *, async_op=False):
@@ -120,6 +135,7 @@ class Communicator:
         buf = self._writable(tensor, "tensor")
         self._root(dst, "dst")
         c_op = self._op(op, buf)
+        self._precheck("reduce", buf, c_op, dst, buf)
         return self._run(buf, "reduce", (buf.address, buf.numel, buf.c_dtype, c_op, dst), tensor,
                          async_op)
 
@@ -144,6 +160,7 @@ class Communicator:
             self._sizes(out.numel, inp.numel * self.world_size, "output", "world_size x input")
             self._aliasing(out, inp, out.element_address(self.rank * inp.numel), inp_inside_out=True)
             address = out.address
+        self._precheck("gather", inp, None, dst, inp)
         return self._run(inp, "gather", (address, inp.address, inp.numel, inp.c_dtype, dst), output,
                          async_op)
 
@@ -168,6 +185,7 @@ class Communicator:
             self._sizes(inp.numel, out.numel * self.world_size, "input", "world_size x output")
             self._aliasing(out, inp, inp.element_address(self.rank * out.numel))
             address = inp.address
+        self._precheck("scatter", out, None, src, inp if self.rank == src else None)
         return self._run(out, "scatter", (out.address, address, out.numel, out.c_dtype, src), output,
                          async_op)
 
@@ -212,6 +230,34 @@ class Communicator:
                 comm = cuda_backend.create(self._rendezvous, index, self._slice_bytes)
             self._backends[key] = comm
         return comm
+
+    def _precheck(self, name, buf, c_op, root, data):
+        """Debug and NaN/Inf checks: one small all_gather over the CPU ring, so that every rank
+        reaches the same verdict and raises together instead of leaving its peers waiting."""
+        if not (self.debug or self.check_finite):
+            return
+        if self._last is not None:
+            self._last.result()  # queued async collectives use the ring first
+        first_bad = _first_non_finite(data) if self.check_finite and data is not None else -1
+        kind = _C.Primitive.__members__[name]
+        mine = torch.tensor([int(kind), buf.numel, int(buf.c_dtype),
+                             -1 if c_op is None else int(c_op), root, first_bad], dtype=torch.int64)
+        everyone = torch.empty(self.world_size * mine.numel(), dtype=torch.int64)
+        self._call(_CPU_BUFFER, "all_gather", (everyone.data_ptr(), mine.data_ptr(), mine.numel(),
+                                                _C.DataType.int64), {})
+        rows = everyone.view(self.world_size, -1).tolist()
+        if self.debug:
+            fields = ("collective", "count", "dtype", "op", "root")
+            differ = [r for r in range(self.world_size) if rows[r][:5] != rows[self.rank][:5]]
+            if differ:
+                described = "; ".join(
+                    f"rank {r}: " + ", ".join(f"{f}={v}" for f, v in zip(fields, _describe(rows[r])))
+                    for r in range(self.world_size))
+                raise _C.MismatchError(f"{name}: ranks called different collectives ({described})")
+        bad = [(r, row[5]) for r, row in enumerate(rows) if row[5] >= 0]
+        if bad:
+            where = ", ".join(f"rank {r} at index {i}" for r, i in bad)
+            raise FloatingPointError(f"{name}: NaN or Inf in the input of {where}")
 
     def _call(self, buf, name, args, extra):
         with self._lock:
@@ -281,3 +327,34 @@ class Communicator:
             return
         raise ValueError("input and output overlap; the only overlap allowed is the in-place "
                          "form where the smaller one is exactly this rank's block of the larger")
+
+
+class _CpuOnly:
+    device, device_index = "cpu", -1
+
+
+_CPU_BUFFER = _CpuOnly()  # routes the checks' small all_gather to the CPU ring
+
+
+def _env_flag(name, values):
+    return os.environ.get(name, "").upper() in values
+
+
+def _first_non_finite(buf):
+    """Index of the first NaN/Inf element, or -1 (integers have none)."""
+    if buf.dtype not in ("float32", "float64", "float16", "bfloat16") or buf.numel == 0:
+        return -1
+    source = buf.source
+    if isinstance(source, torch.Tensor):
+        bad = torch.nonzero(~torch.isfinite(source.reshape(-1)))
+        return int(bad[0]) if bad.numel() else -1
+    flat = np.asarray(source).reshape(-1)
+    bad = np.flatnonzero(~np.isfinite(flat))
+    return int(bad[0]) if bad.size else -1
+
+
+def _describe(row):
+    kind, count, dtype, op, root = row[:5]
+    op_name = "-" if op < 0 else _C.RedOp(op).name
+    return (_C.Primitive(kind).name, count, _C.DataType(dtype).name, op_name, root)
+

@@ -16,9 +16,10 @@ class Step:
     reduce: bool
     store: bool
     finalize: bool
+    ack: bool
 
     def describe(self):
-        chunk = "all" if self.chunk < 0 else f"c{self.chunk}"
+        chunk = "ack" if self.ack else "all" if self.chunk < 0 else f"c{self.chunk}"
         if self.recv_from < 0:
             return f"{chunk} ->{self.send_to}"
         text = f"{chunk} <-{self.recv_from}" + (" +" if self.reduce else "")
@@ -51,7 +52,8 @@ class Schedule:
         if self.primitive in ("broadcast", "reduce", "gather", "scatter"):
             header += f", root {self.root}"
         lines = [header, f"chunks: {chunks}",
-                 "legend: cK ->r send chunk K to rank r; <-r receive from r; + reduce; keep store"]
+                 "legend: cK ->r send chunk K to rank r; <-r receive from r; + reduce; keep store; "
+                 "ack: empty message closing a chain"]
         cells = [[s.describe() for s in rank_steps] for rank_steps in self.steps]
         width = max([len("rank 00")] + [len(c) for col in cells for c in col]) + 2
         lines.append("step  " + "".join(f"rank {r}".ljust(width) for r in range(self.world_size)))

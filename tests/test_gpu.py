@@ -150,6 +150,180 @@ def test_reduce_kernel_scale_and_in_place(dtype):
     _assert_same(a, want, f"{dtype} in-place avg with scale")
 
 
+# -- float32 buffers on a 16-bit wire -------------------------------------------------------------
+# a and out0 are float32, b and out1 the wire dtype; the CPU reducer is the reference, bit for bit.
+
+WIRES = ["float16", "bfloat16"]
+WIRE_OPS = ["sum", "prod", "min", "max", "avg"]
+
+
+def _wire_inputs(n, gen):
+    """float32 values with the awkward cases: NaN, +-inf, -0, fp16 overflow and subnormals,
+    and values exactly half-way between two float16/bfloat16 neighbours."""
+    x = (torch.randn(n, generator=gen, device="cuda") * 4).float()
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 0.0, 7e4, -7e4,
+                            3e-6, -1e-7, 1.0 + 2.0 ** -11, 1.0 + 3 * 2.0 ** -11,
+                            1.0 + 2.0 ** -8, 1.0 + 3 * 2.0 ** -8, 65520.0, 6e-8],
+                           device="cuda")
+    k = min(n, special.numel())
+    positions = torch.randperm(n, generator=gen, device="cuda")[:k]
+    x[positions] = special[:k]
+    return x
+
+
+def _bits(t):
+    return t.contiguous().view({4: torch.int32, 2: torch.int16}[t.element_size()]).cpu()
+
+
+def _assert_bits(actual, expected, what, nan_bits=True):
+    """Same bits; with nan_bits=False a NaN only has to be a NaN (GPU arithmetic writes a
+    canonical NaN where the CPU propagates the input's payload)."""
+    nan = torch.isnan(expected.cpu().float())
+    assert torch.equal(torch.isnan(actual.cpu().float()), nan), what + " (NaN positions)"
+    a, e = _bits(actual), _bits(expected)
+    if not nan_bits:
+        a, e = a[~nan], e[~nan]
+    if not torch.equal(a, e):
+        i = int((a != e).nonzero()[0])
+        raise AssertionError(f"{what}: first difference at {i}: {a[i]:#x} != {e[i]:#x}")
+
+
+def _cpu_wire_reduce(op, out0, out1, a, b, n, divisor, finalize, wire):
+    """The CPU reducer on host tensors (out0/a float32, out1/b in `wire`)."""
+    try:
+        _C.CpuReducer().reduce(out0.data_ptr() if out0 is not None else 0,
+                               out1.data_ptr() if out1 is not None else 0,
+                               a.data_ptr(), b.data_ptr(), n, _C.DataType.float32,
+                               getattr(_C.RedOp, op), divisor, finalize,
+                               wire_dtype=getattr(_C.DataType, wire))
+    except TypeError:
+        pytest.skip("CpuReducer.reduce takes no wire_dtype in this build")
+
+
+def _run_wire_kernel(op, out0, out1, a, b, n, wire, divisor=1, finalize=False, scale=1.0):
+    stream = torch.cuda.current_stream().cuda_stream
+    _C.reduce_kernel(out0.data_ptr() if out0 is not None else 0,
+                     out1.data_ptr() if out1 is not None else 0,
+                     a.data_ptr(), b.data_ptr(), n, _C.DataType.float32, getattr(_C.RedOp, op),
+                     divisor, finalize, scale, stream, wire_dtype=getattr(_C.DataType, wire))
+
+
+@pytest.mark.parametrize("wire", WIRES)
+@pytest.mark.parametrize("op", WIRE_OPS)
+def test_wire_reduce_kernel_matches_cpu(wire, op):
+    gen = torch.Generator(device="cuda").manual_seed(99)
+    wt = DTYPES[wire]
+    pad = 16
+    exact_nan = op in ("min", "max")  # these return an input NaN itself
+    finalize = op == "avg"
+    for n in COUNTS:
+        a_all = _wire_inputs(n + pad, gen)
+        b_all = _wire_inputs(n + pad, gen).to(wt)
+        # Same element offset everywhere: vectors after a peeled head; b one further: scalar.
+        for off, b_off in ((0, 0), (3, 3), (5, 5), (2, 3), (1, 0)):
+            a, b = a_all[off:off + n], b_all[b_off:b_off + n]
+            for outputs in ("both", "out0", "out1"):
+                out0_all = torch.zeros(n + pad, device="cuda")
+                out1_all = torch.zeros(n + pad, dtype=wt, device="cuda")
+                out0 = out0_all[off:off + n] if outputs != "out1" else None
+                out1 = out1_all[off:off + n] if outputs != "out0" else None
+                _run_wire_kernel(op, out0, out1, a, b, n, wire, 3, finalize)
+                torch.cuda.synchronize()
+
+                ca, cb = a.cpu(), b.cpu()
+                c0 = torch.zeros(n) if out0 is not None else None
+                c1 = torch.zeros(n, dtype=wt) if out1 is not None else None
+                _cpu_wire_reduce(op, c0, c1, ca, cb, n, 3, finalize, wire)
+                what = f"{wire} wire {op} n={n} offsets a={off} b={b_off} {outputs}"
+                if out0 is not None:
+                    _assert_bits(out0, c0, what + " out0", exact_nan)
+                if out1 is not None:
+                    _assert_bits(out1, c1, what + " out1", exact_nan)
+                if outputs == "both":  # the kept value is the one the other ranks receive
+                    _assert_bits(out0, out1.float(), what + " out0 == out1", nan_bits=False)
+                assert not out0_all[:off].any() and not out0_all[off + n:].any(), what
+                assert not out1_all[:off].any() and not out1_all[off + n:].any(), what
+
+
+@pytest.mark.parametrize("wire", WIRES)
+def test_wire_reduce_kernel_in_place_and_scale(wire):
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    wt = DTYPES[wire]
+    n = 4099
+    a = (torch.randn(n, generator=gen, device="cuda") * 4).float()
+    b = (torch.randn(n, generator=gen, device="cuda") * 4).to(wt)
+    c0, c1 = a.cpu().clone(), b.cpu().clone()
+    _cpu_wire_reduce("avg", c0, c1, c0, c1, n, 4, True, wire)
+    _run_wire_kernel("avg", a, b, a, b, n, wire, divisor=4, finalize=True)  # a, b = op(a, b)
+    torch.cuda.synchronize()
+    _assert_bits(a, c0, f"{wire} in-place avg out0")
+    _assert_bits(b, c1, f"{wire} in-place avg out1")
+
+    # The fused scale applies before rounding to the wire, like the divisor.
+    x = (torch.randn(n, generator=gen, device="cuda") * 4).float()
+    y = (torch.randn(n, generator=gen, device="cuda") * 4).to(wt)
+    o0, o1 = torch.empty_like(x), torch.empty_like(y)
+    _run_wire_kernel("avg", o0, o1, x, y, n, wire, divisor=3, finalize=True, scale=0.5)
+    torch.cuda.synchronize()
+    want = (((x + y.float()) / 3) * torch.tensor(0.5, device="cuda")).to(wt)
+    _assert_bits(o1, want, f"{wire} scaled avg out1")
+    _assert_bits(o0, want.float(), f"{wire} scaled avg out0")
+
+
+def test_wire_reduce_kernel_rejects_bad_combinations():
+    x = torch.zeros(8, device="cuda")
+    h = torch.zeros(8, dtype=torch.float16, device="cuda")
+    with pytest.raises(RuntimeError, match="16-bit wire"):
+        _run_wire_kernel("sum", x, h, x, h, 8, "int32")
+    i = torch.zeros(8, dtype=torch.int32, device="cuda")
+    with pytest.raises(RuntimeError, match="cannot travel"):
+        _C.reduce_kernel(i.data_ptr(), 0, i.data_ptr(), h.data_ptr(), 8, _C.DataType.int32,
+                         _C.RedOp.sum, wire_dtype=_C.DataType.float16)
+
+
+@pytest.mark.parametrize("wire", WIRES)
+def test_convert_kernel(wire):
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    wt = DTYPES[wire]
+    stream = torch.cuda.current_stream().cuda_stream
+    cwire = getattr(_C.DataType, wire)
+    pad = 16
+    for n in COUNTS:
+        f_all = _wire_inputs(n + pad, gen)
+        w_all = _wire_inputs(n + pad, gen).to(wt)
+        for off, src_off in ((0, 0), (3, 3), (2, 1)):
+            what = f"{wire} n={n} offsets out={off} src={src_off}"
+            # float32 -> wire: out1 rounded to nearest even, out0 a copy.
+            src = f_all[src_off:src_off + n]
+            o0_all, o1_all = torch.zeros(n + pad, device="cuda"), torch.zeros(n + pad, dtype=wt,
+                                                                                device="cuda")
+            o0, o1 = o0_all[off:off + n], o1_all[off:off + n]
+            _C.convert_kernel(o0.data_ptr(), o1.data_ptr(), src.data_ptr(), False, n, cwire,
+                              stream)
+            torch.cuda.synchronize()
+            _assert_bits(o0, src, what + " to wire, out0")
+            _assert_bits(o1, src.cpu().to(wt), what + " to wire, out1", nan_bits=False)
+            assert not o1_all[:off].any() and not o1_all[off + n:].any(), what
+
+            # wire -> float32: out0 widened (exact), out1 a copy.
+            src = w_all[src_off:src_off + n]
+            o0_all.zero_()
+            o1_all.zero_()
+            _C.convert_kernel(o0.data_ptr(), o1.data_ptr(), src.data_ptr(), True, n, cwire,
+                              stream)
+            torch.cuda.synchronize()
+            _assert_bits(o1, src, what + " from wire, out1")
+            _assert_bits(o0, src.cpu().float(), what + " from wire, out0", nan_bits=False)
+            assert not o0_all[:off].any() and not o0_all[off + n:].any(), what
+
+    # Outputs that are the source itself are left alone; the other one is still written.
+    x = torch.randn(1001, device="cuda")
+    h = torch.empty(1001, dtype=wt, device="cuda")
+    _C.convert_kernel(x.data_ptr(), h.data_ptr(), x.data_ptr(), False, 1001, cwire, stream)
+    torch.cuda.synchronize()
+    _assert_bits(h, x.to(wt), f"{wire} convert with out0 == src")
+
+
 def test_reduce_kernel_rejects_bad_combinations():
     x = torch.zeros(4, device="cuda")
     with pytest.raises(RuntimeError, match="only defined for integer"):
@@ -312,6 +486,40 @@ def _all_primitives(comm, rank, world, store):
                      stream)
         _assert_same(piece, _values(rank, n, dt), f"scatter n={n}")
     comm.synchronize(60.0)
+
+
+def _wire_all_reduce(comm, rank, world, store):
+    """float32 all_reduce on a 16-bit wire: exact for small integers, and every rank ends with
+    the same bits (what the ring sent) for arbitrary values."""
+    stream = torch.cuda.current_stream().cuda_stream
+    for wire in WIRES:
+        cwire = getattr(_C.DataType, wire)
+        for n in PRIMITIVE_COUNTS:
+            for op in ("sum", "avg", "max", "min"):
+                x = _values(rank, n, torch.float32)
+                comm.all_reduce(x.data_ptr(), n, _C.DataType.float32, getattr(_C.RedOp, op),
+                                stream, wire_dtype=cwire)
+                want = _expected(op, world, n, torch.float32)
+                if op == "avg":  # the quotient is rounded to the wire like everything sent
+                    want = want.to(DTYPES[wire]).float()
+                _assert_same(x, want, f"{wire} wire all_reduce {op} n={n}")
+
+            gen = torch.Generator(device="cuda").manual_seed(1000 + rank)
+            x = torch.randn(n, generator=gen, device="cuda")
+            comm.all_reduce(x.data_ptr(), n, _C.DataType.float32, _C.RedOp.sum, stream,
+                            wire_dtype=cwire)
+            everyone = torch.empty(world * n, device="cuda")
+            comm.all_gather(everyone.data_ptr(), x.data_ptr(), n, _C.DataType.float32, stream)
+            for r in range(world):
+                _assert_bits(everyone[r * n:(r + 1) * n], x,
+                             f"{wire} wire sum n={n}: rank {r} differs from rank {rank}")
+            assert torch.equal(x.to(DTYPES[wire]).float(), x), "results are wire values"
+    comm.synchronize(60.0)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_wire_all_reduce(world):
+    _launch(world, _wire_all_reduce)
 
 
 def _stream_semantics(comm, rank, world, store):

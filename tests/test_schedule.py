@@ -45,6 +45,8 @@ def simulate(primitive, n, count, root=0):
             while cursor[r] < len(steps):
                 step = steps[cursor[r]]
                 chunk = step["chunk"]
+                if step["ack"]:
+                    assert step["count"] == 0 and not step["store"] and not step["reduce"]
                 if step["recv_from"] >= 0:
                     assert step["recv_from"] == (r - 1) % n, "only ring neighbours talk"
                     channel = channels[(step["recv_from"], r)]
@@ -52,8 +54,11 @@ def simulate(primitive, n, count, root=0):
                         break
                     sent_chunk, value = channel.popleft()
                     assert sent_chunk == chunk, f"rank {r} expected chunk {chunk}, got {sent_chunk}"
+                    assert (value == "ack") == step["ack"], f"rank {r}: ack and data crossed"
                     if step["reduce"]:
                         value = buffers[r][chunk] + value
+                elif step["ack"]:
+                    value = "ack"
                 else:
                     value = buffers[r][chunk]
                 assert value is not None, f"rank {r} sends chunk {chunk} it does not have"
@@ -62,6 +67,8 @@ def simulate(primitive, n, count, root=0):
                 if step["send_to"] >= 0:
                     assert step["send_to"] == (r + 1) % n, "only ring neighbours talk"
                     channels[(r, step["send_to"])].append((chunk, value))
+                if step["ack"] and step["recv_from"] >= 0:
+                    value = None  # an ack carries nothing to keep
                 cursor[r] += 1
                 progressed = True
     stuck = [r for r in range(n) if cursor[r] < len(all_plans[r]["steps"])]
@@ -127,6 +134,16 @@ def test_column_count_covers_the_longest_chunk():
     assert _C.column_count(prim, 4, 0, 16) == 1  # empty collectives still exchange one message
     assert _C.column_count(prim, 4, 65, 16) == 2  # chunks of 17 and 16 elements
     assert _C.column_count(prim, 4, 64, 16) == 1
+
+
+@pytest.mark.parametrize("primitive", PRIMITIVES)
+@pytest.mark.parametrize("n", [2, 3, 5, 16])
+def test_every_rank_receives_at_least_once(primitive, n):
+    """So every rank checks its peer's collective header: mismatches fail everywhere, not only
+    on the ranks that happen to receive."""
+    for root in range(n):
+        for plan in plans(primitive, n, 5, root):
+            assert any(s["recv_from"] >= 0 for s in plan["steps"])
 
 
 def test_bad_requests_raise():

@@ -45,6 +45,7 @@ void Executor::run(const Collective& c) {
   for (size_t column = 0; column < columns; ++column) {
     for (size_t i = 0; i < c.plan.steps.size(); ++i) {
       const Step& step = c.plan.steps[i];
+      if (step.ack && column + 1 != columns) continue;
       Range slice = sliceOf(step.range, column, sliceElems);
       envelope.bytes = slice.count * wireSize;
       try {

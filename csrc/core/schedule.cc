@@ -54,6 +54,20 @@ class PlanBuilder {
     return step;
   }
 
+  // The ring-closing acknowledgement: from the chain's last rank to its first.
+  void ackSend() {
+    Step& step = add(kWhole);
+    step.range.count = 0;
+    step.sendTo = next_;
+    step.ack = true;
+  }
+  void ackRecv() {
+    Step& step = add(kWhole);
+    step.range.count = 0;
+    step.recvFrom = prev_;
+    step.ack = true;
+  }
+
   // Reduce-scatter: rank r ends with chunk r fully reduced; `forwardLast` also sends it on,
   // which is the first all-gather step of an allreduce.
   void reduceScatter(bool forwardLast) {
@@ -77,23 +91,29 @@ class PlanBuilder {
 
   void broadcast() {
     int p = distanceFromRoot();
-    if (p == 0)
+    if (p == 0) {
       send(kWhole);
-    else if (p < size_ - 1)
+      ackRecv();
+    } else if (p < size_ - 1) {
       recvSend(kWhole, /*reduce=*/false, /*store=*/true);
-    else
+    } else {
       recv(kWhole, /*reduce=*/false, /*store=*/true);
+      ackSend();
+    }
   }
 
   // The chain runs root+1 -> root+2 -> ... -> root; only the root stores the result.
   void reduce() {
     int p = distanceFromRoot();
-    if (p == 1)
+    if (p == 1) {
       send(kWhole);
-    else if (p > 1)
+      ackRecv();
+    } else if (p > 1) {
       recvSend(kWhole, /*reduce=*/true, /*store=*/false);
-    else
+    } else {
       recv(kWhole, /*reduce=*/true, /*store=*/true);
+      ackSend();
+    }
   }
 
   // All-gather truncated: a rank forwards only what lies between it and the root.
@@ -101,10 +121,12 @@ class PlanBuilder {
     int p = distanceFromRoot();
     if (p == 0) {
       for (int s = 0; s <= size_ - 2; ++s) recv(rank_ - 1 - s, /*reduce=*/false, /*store=*/true);
+      ackSend();
       return;
     }
     send(rank_);
     for (int s = 1; s <= p - 1; ++s) recvSend(rank_ - s, /*reduce=*/false, /*store=*/false);
+    if (p == 1) ackRecv();
   }
 
   // Reduce-scatter's indices without reduction: the root sends the farthest chunk first.
@@ -112,11 +134,13 @@ class PlanBuilder {
     int p = distanceFromRoot();
     if (p == 0) {
       for (int s = 0; s <= size_ - 2; ++s) send(rank_ - 1 - s);
+      ackRecv();
       return;
     }
     for (int s = p - 1; s <= size_ - 3; ++s)
       recvSend(rank_ - 2 - s, /*reduce=*/false, /*store=*/false);
     recv(rank_, /*reduce=*/false, /*store=*/true);
+    if (p == size_ - 1) ackSend();
   }
 
  private:

@@ -42,7 +42,7 @@ std::string makeNcclUniqueId(const std::string& hint) {
 
 void reduceOnDevice(uintptr_t out0, uintptr_t out1, uintptr_t a, uintptr_t b, size_t n,
                     DataType type, RedOp op, int divisor, bool finalize, float scale,
-                    uintptr_t stream) {
+                    uintptr_t stream, DataType wireType) {
   ReduceLaunch l;
   l.out0 = reinterpret_cast<void*>(out0);
   l.out1 = reinterpret_cast<void*>(out1);
@@ -50,11 +50,24 @@ void reduceOnDevice(uintptr_t out0, uintptr_t out1, uintptr_t a, uintptr_t b, si
   l.b = reinterpret_cast<const void*>(b);
   l.n = n;
   l.type = type;
+  if (wireType != type) l.wireType = wireType;
   l.op = op;
   l.divisor = divisor;
   l.finalize = finalize;
   l.scale = scale;
   launchReduce(l, reinterpret_cast<void*>(stream));
+}
+
+void convertOnDevice(uintptr_t out0, uintptr_t out1, uintptr_t src, bool srcIsWire, size_t n,
+                     DataType wireType, uintptr_t stream) {
+  ConvertLaunch l;
+  l.out0 = reinterpret_cast<void*>(out0);
+  l.out1 = reinterpret_cast<void*>(out1);
+  l.src = reinterpret_cast<const void*>(src);
+  l.srcIsWire = srcIsWire;
+  l.n = n;
+  l.wireType = wireType;
+  launchConvert(l, reinterpret_cast<void*>(stream));
 }
 
 void copyOnDevice(uintptr_t out0, uintptr_t out1, uintptr_t src, size_t bytes, uintptr_t stream) {
@@ -110,12 +123,12 @@ void CudaCommunicator::run(uintptr_t stream, Fn&& fn) {
 }
 
 void CudaCommunicator::allReduce(void* data, size_t count, DataType type, RedOp op,
-                                 uintptr_t stream, float scale) {
+                                 uintptr_t stream, float scale, DataType wireType) {
   RC_CHECK(scale == 1.0f || isFloatingPoint(type), "a scaled all_reduce needs a floating type");
   run(stream, [&](Communicator& c) {
     reducer_->setFinalScale(scale);
     try {
-      c.allReduce(data, count, type, op);
+      c.allReduce(data, count, type, op, wireType);
     } catch (...) {
       reducer_->setFinalScale(1.0f);
       throw;

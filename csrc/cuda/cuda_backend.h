@@ -33,9 +33,13 @@ std::string makeNcclUniqueId(const std::string& libraryHint);
 
 // Kernel entry points for tests and benchmarks: device pointers and a cudaStream_t as
 // integers; enqueued on the current device, asynchronous.
+// `wireType` is the type of out1 and b (float16/bfloat16 under float32 data; else `type`).
 void reduceOnDevice(uintptr_t out0, uintptr_t out1, uintptr_t a, uintptr_t b, size_t n,
                     DataType type, RedOp op, int divisor, bool finalize, float scale,
-                    uintptr_t stream);
+                    uintptr_t stream, DataType wireType);
+// out0 (float32) and out1 (wireType) from src, which is in wireType when srcIsWire.
+void convertOnDevice(uintptr_t out0, uintptr_t out1, uintptr_t src, bool srcIsWire, size_t n,
+                     DataType wireType, uintptr_t stream);
 void copyOnDevice(uintptr_t out0, uintptr_t out1, uintptr_t src, size_t bytes, uintptr_t stream);
 
 struct CudaCommunicatorOptions {
@@ -63,8 +67,10 @@ class CudaCommunicator {
   uint64_t sequence() const;
 
   // `scale` multiplies the reduced result (floating types; DDP's pre-divided sums).
+  // `wireType` is what travels between ranks: `type`, or float16/bfloat16 under float32 data
+  // (half the bytes; every hop still adds in float32 and every rank ends with the same bits).
   void allReduce(void* data, size_t count, DataType type, RedOp op, uintptr_t stream,
-                 float scale = 1.0f);
+                 float scale, DataType wireType);
   void reduceScatter(void* output, const void* input, size_t outputCount, DataType type,
                      RedOp op, uintptr_t stream);
   void allGather(void* output, const void* input, size_t inputCount, DataType type,

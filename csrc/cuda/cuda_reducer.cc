@@ -10,8 +10,6 @@ CudaReducer::CudaReducer(int device) : device_(device) {}
 
 void CudaReducer::reduce(void* out0, void* out1, const void* a, const void* b, size_t n,
                          const ReduceSpec& spec, bool finalize) {
-  RC_CHECK(spec.wireType == spec.type, "a 16-bit wire under ", dataTypeName(spec.type),
-           " data is not implemented on CUDA yet");
   ReduceLaunch l;
   l.out0 = out0;
   l.out1 = out1;
@@ -19,12 +17,30 @@ void CudaReducer::reduce(void* out0, void* out1, const void* a, const void* b, s
   l.b = b;
   l.n = n;
   l.type = spec.type;
+  if (spec.wireType != spec.type) l.wireType = spec.wireType;  // launchReduce checks the pair
   l.op = spec.op;
   l.divisor = spec.divisor;
   l.finalize = finalize;
   l.scale = finalize ? finalScale_ : 1.0f;
   CudaDeviceGuard guard(device_);
   launchReduce(l, stream_);
+}
+
+void CudaReducer::convert(void* out0, void* out1, const void* src, bool srcIsWire, size_t n,
+                          const ReduceSpec& spec) {
+  if (spec.wireType == spec.type) return copy(out0, out1, src, n * dataTypeSize(spec.type));
+  RC_CHECK(wireTypeSupported(spec.type, spec.wireType), dataTypeName(spec.type),
+           " data cannot travel as ", dataTypeName(spec.wireType),
+           " (a 16-bit wire is for float32 tensors)");
+  ConvertLaunch l;
+  l.out0 = out0;
+  l.out1 = out1;
+  l.src = src;
+  l.srcIsWire = srcIsWire;
+  l.n = n;
+  l.wireType = spec.wireType;
+  CudaDeviceGuard guard(device_);
+  launchConvert(l, stream_);
 }
 
 void CudaReducer::copy(void* out0, void* out1, const void* src, size_t bytes) {

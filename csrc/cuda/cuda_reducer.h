@@ -15,6 +15,9 @@ class CudaReducer : public Reducer {
   void reduce(void* out0, void* out1, const void* a, const void* b, size_t n,
               const ReduceSpec& spec, bool finalize) override;
   void copy(void* out0, void* out1, const void* src, size_t bytes) override;
+  // float32 <-> float16/bfloat16 in one kernel (a 16-bit wire); a plain copy when the types match.
+  void convert(void* out0, void* out1, const void* src, bool srcIsWire, size_t n,
+               const ReduceSpec& spec) override;
 
   void setStream(cudaStream_t stream) { stream_ = stream; }
   cudaStream_t stream() const { return stream_; }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 
 #include "ringcomm/types.h"
 
@@ -15,7 +16,11 @@ struct ReduceLaunch {
   const void* a = nullptr;
   const void* b = nullptr;
   size_t n = 0;  // elements
-  DataType type = DataType::Float32;
+  DataType type = DataType::Float32;   // out0 and a
+  // out1 and b, when they differ from `type`: float16 or bfloat16 under float32 (a 16-bit
+  // wire). Accumulation stays float32; when out1 is written, out0 gets the value rounded to
+  // the wire type, as in csrc/cpu/cpu_reducer.cc.
+  std::optional<DataType> wireType;
   RedOp op = RedOp::Sum;
   int divisor = 1;      // AVG divides the result by this when `finalize` is set
   bool finalize = false;
@@ -25,5 +30,19 @@ struct ReduceLaunch {
 // Enqueues the reduction on `stream` (a cudaStream_t) on the current device. Raises
 // ringcomm::Error for an unsupported (dtype, op) or a scale on an integer type.
 void launchReduce(const ReduceLaunch& launch, void* stream);
+
+// Between float32 (out0) and a 16-bit wire type (out1) for n elements. src is in the wire type
+// when srcIsWire (out1 = src, out0 = src widened), else float32 (out1 = src rounded to nearest
+// even, out0 = src). Either output may be null or be src itself.
+struct ConvertLaunch {
+  void* out0 = nullptr;
+  void* out1 = nullptr;
+  const void* src = nullptr;
+  bool srcIsWire = false;
+  size_t n = 0;  // elements
+  DataType wireType = DataType::BFloat16;
+};
+
+void launchConvert(const ConvertLaunch& launch, void* stream);
 
 }  // namespace ringcomm

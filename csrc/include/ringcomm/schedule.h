@@ -31,6 +31,10 @@ struct Step {
   bool reduce = false;
   bool store = false;
   bool finalize = false;
+  // An empty message that closes a chain into a ring (broadcast, reduce, gather, scatter), so
+  // that every rank receives at least once per collective and so checks that its peers run the
+  // same one. Sent in the last slice column only, to keep the chain pipelined.
+  bool ack = false;
 };
 
 struct PlanRequest {
