@@ -13,6 +13,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from gpu_kernels import time_per_call
+
 
 def _nccl_hint():
     try:
@@ -24,17 +26,12 @@ def _nccl_hint():
 
 
 def _time(fn, iters, warmup):
+    """Seconds per call, timed with CUDA events once every rank has warmed up."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     dist.barrier(device_ids=[0])
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    stop.record()
-    stop.synchronize()
-    return start.elapsed_time(stop) / 1e3 / iters
+    return time_per_call(fn, iters, warmup=0)
 
 
 def _rank(rank, world, store_path, sizes_mib, iters, warmup, slice_bytes, out_path):

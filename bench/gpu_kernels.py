@@ -13,7 +13,7 @@ import torch
 from ringcomm import _C
 
 
-def _time(fn, iters, warmup):
+def time_per_call(fn, iters, warmup):
     for _ in range(warmup):
         fn()
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -43,8 +43,8 @@ def measure(dtype_name, mib, iters, warmup, offset=0):
     def copy():
         out[:n].copy_(a[:n])
 
-    t_reduce = _time(reduce, iters, warmup)
-    t_copy = _time(copy, iters, warmup)
+    t_reduce = time_per_call(reduce, iters, warmup)
+    t_copy = time_per_call(copy, iters, warmup)
     reduce_bw = 3 * nbytes / t_reduce / 1e9
     copy_bw = 2 * nbytes / t_copy / 1e9
     ref = (a[offset:offset + n].float() + b[offset:offset + n].float()).to(dtype)

@@ -102,21 +102,6 @@ def train(args, rank, world_size, hooks, comm):
 
 # -- accuracy ------------------------------------------------------------------------------------
 
-def emulate_torch_compress_hook(per_rank, dtype):
-    """torch's fp16/bf16_compress_hook arithmetic on (world_size, n) float32 gradients: cast to
-    16 bits, divide by world size in 16 bits, sum in 16 bits along the ring (chunk c starts at
-    rank c+1 and ends at rank c, as in ringcomm's schedule)."""
-    n_ranks, n = per_rank.shape
-    parts = per_rank.to(dtype).div_(n_ranks)
-    out = torch.empty(n, dtype=dtype)
-    for c, (offset, count) in enumerate(ringcomm.schedule("all_reduce", n_ranks, n).chunks):
-        span = slice(offset, offset + count)
-        acc = parts[(c + 1) % n_ranks, span].clone()
-        for k in range(2, n_ranks + 1):
-            acc = acc + parts[(c + k) % n_ranks, span]
-        out[span] = acc
-    return out.float()
-
 
 def accuracy(args, rank, world_size, comm):
     """{method: (max abs error, relative L2 error)} of averaged real gradients vs float64."""
@@ -136,7 +121,7 @@ def accuracy(args, rank, world_size, comm):
         results[label] = comm.all_reduce(grad.clone(), op="avg", **options)
     for name, dt in WIRE.items():
         results[f"torch {name.replace('_hook', '_compress_hook')} (emulated)"] = \
-            emulate_torch_compress_hook(stacked, dt)
+            ringcomm.ddp.compress_hook_reference(stacked, dt)
     errors = {}
     for label, result in results.items():
         err = (result.double() - reference).abs()

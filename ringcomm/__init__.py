@@ -8,7 +8,14 @@ Example::
     t = torch.full((1000,), float(comm.rank))
     comm.all_reduce(t)
 """
-from . import _C, ddp
+try:
+    from . import _C
+except ImportError as error:  # e.g. importing the source tree, which has no compiled core
+    raise ImportError(
+        "ringcomm's compiled core (ringcomm._C) is missing here: install the package "
+        "(`pip install .`) and import it from outside the source folder, or build in place "
+        f"(`python setup.py build_ext --inplace`). Cause: {error}") from error
+from . import ddp
 from ._C import CommTimeoutError, MismatchError, PeerError, RingcommError
 from .communicator import Communicator
 from .ops import ReduceOp

@@ -34,8 +34,12 @@ def test_run_writes_checked_records(tmp_path):
     cmd = [sys.executable, str(ROOT / "bench" / "run.py"), "--device", "cpu", "--nproc", "2",
            "-b", "8", "-e", "4K", "-f", "32", "-n", "2", "-w", "1", "--collective", "all",
            "--json", str(out), "--plot", str(plot)]
+    # ringcomm as the test process sees it (installed, or the checkout when run in place).
+    import ringcomm
+
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(ringcomm.__file__).parent.parent),
+                                                      env.get("PYTHONPATH")]))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 

@@ -158,21 +158,6 @@ def test_failed_collective_raises_in_backward(exact_runs):
 
 # -- 16-bit wire --------------------------------------------------------------------------------
 
-def emulate_torch_compress_hook(per_rank, dtype):
-    """What torch's fp16/bf16_compress_hook computes: each rank casts its bucket to 16 bits and
-    divides by world size (in 16 bits), then the ring sums in 16 bits, rounding at every hop.
-    per_rank: (world_size, n) float32. Chunk c starts at rank c+1 and ends at rank c."""
-    n_ranks, n = per_rank.shape
-    parts = per_rank.to(dtype).div_(n_ranks)
-    out = torch.empty(n, dtype=dtype)
-    for c, (offset, count) in enumerate(ringcomm.schedule("all_reduce", n_ranks, n).chunks):
-        span = slice(offset, offset + count)
-        acc = parts[(c + 1) % n_ranks, span].clone()
-        for k in range(2, n_ranks + 1):
-            acc = acc + parts[(c + k) % n_ranks, span]
-        out[span] = acc
-    return out.float()
-
 
 def errors(result, reference):
     err = (result.double() - reference).abs()
@@ -211,7 +196,7 @@ def _wire_cases(rank, world_size):
             assert out.dtype == inp.dtype and out.shape == inp.shape
             dtypes.add(str(out.dtype))
             ours.append(errors(out, reference))
-            emulated.append(errors(emulate_torch_compress_hook(stacked, WIRE[name]), reference))
+            emulated.append(errors(ringcomm.ddp.compress_hook_reference(stacked, WIRE[name]), reference))
             outs = [torch.empty_like(out) for _ in range(world_size)]
             dist.all_gather(outs, out)
             exact_wire.append(all(torch.equal(outs[0], o) for o in outs))
