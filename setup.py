@@ -24,12 +24,19 @@ CSRC = ROOT / "csrc"
 
 
 def find_cuda_home():
-    """The toolkit folder; the nvcc on PATH may be a wrapper script, so prefer env vars."""
-    for candidate in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+    """The toolkit folder: CUDA_HOME / CUDA_PATH, else (when nvcc is on PATH) the conventional
+    install folder. The nvcc on PATH may be a wrapper script elsewhere, so its own folder is
+    only a last guess, and must hold the CUDA headers."""
+    for candidate in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")):
         if candidate and (Path(candidate) / "bin" / "nvcc").exists():
             return Path(candidate)
     nvcc = shutil.which("nvcc")
-    return Path(nvcc).resolve().parent.parent if nvcc else None
+    if nvcc is None:
+        return None  # no toolkit in sight: the CPU-only build
+    for candidate in (Path("/usr/local/cuda"), Path(nvcc).resolve().parent.parent):
+        if (candidate / "bin" / "nvcc").exists() and (candidate / "include" / "cuda_runtime.h").exists():
+            return candidate
+    return None
 
 
 def cuda_wanted(cuda_home):
