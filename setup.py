@@ -88,10 +88,20 @@ class BuildWithCuda(build_ext):
     """Compiles csrc/cuda/*.cu with nvcc first, then links the objects into the extension."""
 
     def build_extension(self, ext):
+        # setuptools rebuilds only when a source is newer than the module: a build with CUDA
+        # switched on or off, other archs, a changed header or .cu must rebuild too.
+        config = repr(sorted(ext.define_macros))
+        stamp = Path(self.build_temp) / "ringcomm-build-config"
+        if not stamp.exists() or stamp.read_text() != config:
+            self.force = True
         cuda = getattr(ext, "cuda", None)
         if cuda:
-            ext.extra_objects += self.compile_cuda(cuda)
+            objects = self.compile_cuda(cuda)
+            ext.extra_objects += objects
+            ext.depends += objects
         super().build_extension(ext)
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(config)
 
     def compile_cuda(self, cuda):
         archs = cuda["archs"]
@@ -127,6 +137,7 @@ def make_extension():
         cxx_std=17,
         extra_compile_args=["-O3"],
         libraries=["rt", "pthread", "dl"],
+        depends=sorted(str(p) for p in CSRC.rglob("*.h")),
     )
     ext.cuda = None
     cuda_home = find_cuda_home()
