@@ -3,12 +3,10 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import torch
 
-from . import _C, cpu_backend, cuda_backend, work
+from . import _C, checks, cpu_backend, cuda_backend, work
 from .buffers import as_buffer, as_c_dtype
-from .ops import to_c_op
 from .rendezvous import Rendezvous
 
 _P = _C.Primitive
@@ -58,7 +56,8 @@ class Communicator:
         self._worker = None  # runs async_op collectives on CPU, in order
         self._last = None
         self._closed = False
-        self._backend("cpu", -1)  # set up eagerly: set-up errors show here, not mid-training
+        if not cuda_backend.available():
+            self._backend("cpu", -1)  # set up eagerly: set-up errors show here, not mid-training
 
     # -- collectives ---------------------------------------------------------------------------
 
@@ -73,8 +72,8 @@ class Communicator:
 
             comm.all_reduce(grad, op="avg", wire_dtype=torch.bfloat16)
         """
-        buf = self._writable(tensor, "tensor")
-        c_op = self._op(op, buf)
+        buf = checks.writable(tensor, "tensor")
+        c_op = checks.reduce_op(op, buf)
         extra = {}
         if wire_dtype is not None and as_c_dtype(wire_dtype) != buf.c_dtype:
             extra["wire_dtype"] = as_c_dtype(wire_dtype)
@@ -89,11 +88,11 @@ class Communicator:
 
             comm.reduce_scatter(out, torch.ones(comm.world_size * out.numel()))
         """
-        out, inp = self._writable(output, "output"), as_buffer(input, "input")
-        self._same_kind(out, inp)
-        self._sizes(inp.numel, out.numel * self.world_size, "input", "world_size x output")
-        self._aliasing(out, inp, inp.element_address(self.rank * out.numel))
-        c_op = self._op(op, out)
+        out, inp = checks.writable(output, "output"), as_buffer(input, "input")
+        checks.same_kind(out, inp)
+        checks.sizes(inp.numel, out.numel * self.world_size, "input", "world_size x output")
+        checks.aliasing(out, inp, inp.element_address(self.rank * out.numel))
+        c_op = checks.reduce_op(op, out)
         self._precheck("reduce_scatter", out, c_op, 0, inp)
         return self._run(out, "reduce_scatter", (out.address, inp.address, out.numel, out.c_dtype, c_op),
                          output, async_op)
@@ -105,10 +104,10 @@ class Communicator:
 
             comm.all_gather(torch.empty(comm.world_size * 4), torch.full((4,), comm.rank))
         """
-        out, inp = self._writable(output, "output"), as_buffer(input, "input")
-        self._same_kind(out, inp)
-        self._sizes(out.numel, inp.numel * self.world_size, "output", "world_size x input")
-        self._aliasing(out, inp, out.element_address(self.rank * inp.numel), inp_inside_out=True)
+        out, inp = checks.writable(output, "output"), as_buffer(input, "input")
+        checks.same_kind(out, inp)
+        checks.sizes(out.numel, inp.numel * self.world_size, "output", "world_size x input")
+        checks.aliasing(out, inp, out.element_address(self.rank * inp.numel), inp_inside_out=True)
         self._precheck("all_gather", inp, None, 0, inp)
         return self._run(out, "all_gather", (out.address, inp.address, inp.numel, out.c_dtype),
                          output, async_op)
@@ -120,8 +119,8 @@ class Communicator:
 
             comm.broadcast(weights, src=0)
         """
-        buf = self._writable(tensor, "tensor")
-        self._root(src, "src")
+        buf = checks.writable(tensor, "tensor")
+        checks.root(src, "src", self.world_size)
         self._precheck("broadcast", buf, None, src, buf if self.rank == src else None)
         return self._run(buf, "broadcast", (buf.address, buf.numel, buf.c_dtype, src), tensor, async_op)
 
@@ -132,9 +131,9 @@ class Communicator:
 
             comm.reduce(loss_sum, dst=0)
         """
-        buf = self._writable(tensor, "tensor")
-        self._root(dst, "dst")
-        c_op = self._op(op, buf)
+        buf = checks.writable(tensor, "tensor")
+        checks.root(dst, "dst", self.world_size)
+        c_op = checks.reduce_op(op, buf)
         self._precheck("reduce", buf, c_op, dst, buf)
         return self._run(buf, "reduce", (buf.address, buf.numel, buf.c_dtype, c_op, dst), tensor,
                          async_op)
@@ -150,15 +149,15 @@ class Communicator:
             comm.gather(out, torch.full((3,), comm.rank), dst=0)
         """
         inp = as_buffer(input, "input")
-        self._root(dst, "dst")
+        checks.root(dst, "dst", self.world_size)
         address = 0
         if self.rank == dst:
             if output is None:
                 raise ValueError(f"gather needs an output tensor on dst rank {dst}")
-            out = self._writable(output, "output")
-            self._same_kind(out, inp)
-            self._sizes(out.numel, inp.numel * self.world_size, "output", "world_size x input")
-            self._aliasing(out, inp, out.element_address(self.rank * inp.numel), inp_inside_out=True)
+            out = checks.writable(output, "output")
+            checks.same_kind(out, inp)
+            checks.sizes(out.numel, inp.numel * self.world_size, "output", "world_size x input")
+            checks.aliasing(out, inp, out.element_address(self.rank * inp.numel), inp_inside_out=True)
             address = out.address
         self._precheck("gather", inp, None, dst, inp)
         return self._run(inp, "gather", (address, inp.address, inp.numel, inp.c_dtype, dst), output,
@@ -174,16 +173,16 @@ class Communicator:
             inp = torch.arange(comm.world_size * 2.0) if comm.rank == 0 else None
             comm.scatter(torch.empty(2), inp, src=0)
         """
-        out = self._writable(output, "output")
-        self._root(src, "src")
+        out = checks.writable(output, "output")
+        checks.root(src, "src", self.world_size)
         address = 0
         if self.rank == src:
             if input is None:
                 raise ValueError(f"scatter needs an input tensor on src rank {src}")
             inp = as_buffer(input, "input")
-            self._same_kind(out, inp)
-            self._sizes(inp.numel, out.numel * self.world_size, "input", "world_size x output")
-            self._aliasing(out, inp, inp.element_address(self.rank * out.numel))
+            checks.same_kind(out, inp)
+            checks.sizes(inp.numel, out.numel * self.world_size, "input", "world_size x output")
+            checks.aliasing(out, inp, inp.element_address(self.rank * out.numel))
             address = inp.address
         self._precheck("scatter", out, None, src, inp if self.rank == src else None)
         return self._run(out, "scatter", (out.address, address, out.numel, out.c_dtype, src), output,
@@ -238,7 +237,7 @@ class Communicator:
             return
         if self._last is not None:
             self._last.result()  # queued async collectives use the ring first
-        first_bad = _first_non_finite(data) if self.check_finite and data is not None else -1
+        first_bad = checks.first_non_finite(data) if self.check_finite and data is not None else -1
         kind = _C.Primitive.__members__[name]
         mine = torch.tensor([int(kind), buf.numel, int(buf.c_dtype),
                              -1 if c_op is None else int(c_op), root, first_bad], dtype=torch.int64)
@@ -251,7 +250,7 @@ class Communicator:
             differ = [r for r in range(self.world_size) if rows[r][:5] != rows[self.rank][:5]]
             if differ:
                 described = "; ".join(
-                    f"rank {r}: " + ", ".join(f"{f}={v}" for f, v in zip(fields, _describe(rows[r])))
+                    f"rank {r}: " + ", ".join(f"{f}={v}" for f, v in zip(fields, checks.describe_row(rows[r])))
                     for r in range(self.world_size))
                 raise _C.MismatchError(f"{name}: ranks called different collectives ({described})")
         bad = [(r, row[5]) for r, row in enumerate(rows) if row[5] >= 0]
@@ -290,44 +289,6 @@ class Communicator:
             return future.wait()
         return work.Work(future)
 
-    def _writable(self, array, what):
-        buf = as_buffer(array, what)
-        if buf.readonly:
-            raise ValueError(f"{what} is read-only, but the collective writes into it")
-        return buf
-
-    def _op(self, op, buf):
-        c_op = to_c_op(op)
-        _C.check_op(c_op, buf.c_dtype)
-        return c_op
-
-    def _root(self, root, name):
-        if not isinstance(root, int) or not 0 <= root < self.world_size:
-            raise ValueError(f"{name}={root!r} is not a rank of this {self.world_size}-rank communicator")
-
-    @staticmethod
-    def _same_kind(out, inp):
-        if out.dtype != inp.dtype:
-            raise TypeError(f"output has dtype {out.dtype} but input has {inp.dtype}; they must match")
-        if (out.device, out.device_index) != (inp.device, inp.device_index):
-            raise ValueError(f"output is on {out.device} but input is on {inp.device}; they must match")
-
-    @staticmethod
-    def _sizes(actual, expected, what, rule):
-        if actual != expected:
-            raise ValueError(f"{what} has {actual} elements but must have {rule} = {expected}")
-
-    @staticmethod
-    def _aliasing(out, inp, in_place_address, inp_inside_out=False):
-        """Input and output may only overlap as the in-place form: this rank's block."""
-        if not out.overlaps(inp):
-            return
-        small = inp if inp_inside_out else out
-        if small.address == in_place_address:
-            return
-        raise ValueError("input and output overlap; the only overlap allowed is the in-place "
-                         "form where the smaller one is exactly this rank's block of the larger")
-
 
 class _CpuOnly:
     device, device_index = "cpu", -1
@@ -338,23 +299,3 @@ _CPU_BUFFER = _CpuOnly()  # routes the checks' small all_gather to the CPU ring
 
 def _env_flag(name, values):
     return os.environ.get(name, "").upper() in values
-
-
-def _first_non_finite(buf):
-    """Index of the first NaN/Inf element, or -1 (integers have none)."""
-    if buf.dtype not in ("float32", "float64", "float16", "bfloat16") or buf.numel == 0:
-        return -1
-    source = buf.source
-    if isinstance(source, torch.Tensor):
-        bad = torch.nonzero(~torch.isfinite(source.reshape(-1)))
-        return int(bad[0]) if bad.numel() else -1
-    flat = np.asarray(source).reshape(-1)
-    bad = np.flatnonzero(~np.isfinite(flat))
-    return int(bad[0]) if bad.size else -1
-
-
-def _describe(row):
-    kind, count, dtype, op, root = row[:5]
-    op_name = "-" if op < 0 else _C.RedOp(op).name
-    return (_C.Primitive(kind).name, count, _C.DataType(dtype).name, op_name, root)
-

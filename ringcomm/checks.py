@@ -1,0 +1,73 @@
+"""Argument checks that need no communication: they raise before any rank sends anything,
+so a bad call on one rank leaves every buffer untouched and the ring in step."""
+import numpy as np
+import torch
+
+from . import _C
+from .buffers import as_buffer
+from .ops import to_c_op
+
+
+def writable(array, what):
+    buf = as_buffer(array, what)
+    if buf.readonly:
+        raise ValueError(f"{what} is read-only, but the collective writes into it")
+    return buf
+
+
+def reduce_op(op, buf):
+    c_op = to_c_op(op)
+    _C.check_op(c_op, buf.c_dtype)
+    return c_op
+
+
+def root(rank, name, world_size):
+    if not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"{name}={rank!r} is not a rank of this {world_size}-rank communicator")
+
+
+def same_kind(out, inp):
+    if out.dtype != inp.dtype:
+        raise TypeError(f"output has dtype {out.dtype} but input has {inp.dtype}; they must match")
+    if (out.device, out.device_index) != (inp.device, inp.device_index):
+        raise ValueError(f"output is on {out.device} but input is on {inp.device}; they must match")
+
+
+def sizes(actual, expected, what, rule):
+    if actual != expected:
+        raise ValueError(f"{what} has {actual} elements but must have {rule} = {expected}")
+
+
+def aliasing(out, inp, in_place_address, inp_inside_out=False):
+    """Input and output may only overlap as the in-place form: this rank's block."""
+    if not out.overlaps(inp):
+        return
+    small = inp if inp_inside_out else out
+    if small.address == in_place_address:
+        return
+    raise ValueError("input and output overlap; the only overlap allowed is the in-place "
+                     "form where the smaller one is exactly this rank's block of the larger")
+
+
+def first_non_finite(buf):
+    """Index of the first NaN/Inf element, or -1 (integers have none)."""
+    if buf.dtype not in ("float32", "float64", "float16", "bfloat16") or buf.numel == 0:
+        return -1
+    source = buf.source
+    if isinstance(source, torch.Tensor):
+        bad = torch.nonzero(~torch.isfinite(source.reshape(-1)))
+        return int(bad[0]) if bad.numel() else -1
+    if hasattr(source, "__cuda_array_interface__"):  # cupy
+        import cupy
+
+        bad = cupy.flatnonzero(~cupy.isfinite(source.reshape(-1)))
+        return int(bad[0]) if bad.size else -1
+    bad = np.flatnonzero(~np.isfinite(np.asarray(source).reshape(-1)))
+    return int(bad[0]) if bad.size else -1
+
+
+def describe_row(row):
+    """(collective, count, dtype, op, root) from a debug-mode descriptor row."""
+    kind, count, dtype, op, root_rank = row[:5]
+    op_name = "-" if op < 0 else _C.RedOp(op).name
+    return (_C.Primitive(kind).name, count, _C.DataType(dtype).name, op_name, root_rank)
