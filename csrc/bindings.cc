@@ -139,16 +139,17 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<ShmTransport, Transport, std::shared_ptr<ShmTransport>>(m, "ShmTransport")
       .def(py::init([](int rank, int worldSize, size_t slotBytes, uint32_t slotCount,
-                       double timeout, int spins) {
+                       double timeout, int spins, int yieldMicros) {
              ShmOptions options;
              options.slotBytes = slotBytes;
              options.slotCount = slotCount;
              options.wait.timeoutSeconds = timeout;
              options.wait.spins = spins;
+             options.wait.yieldMicros = yieldMicros;
              return std::make_shared<ShmTransport>(rank, worldSize, options);
            }),
            py::arg("rank"), py::arg("world_size"), py::arg("slot_bytes"), py::arg("slot_count"),
-           py::arg("timeout"), py::arg("spins"))
+           py::arg("timeout"), py::arg("spins"), py::arg("yield_micros") = 2000)
       .def_property_readonly("channel_name", &ShmTransport::channelName)
       .def("connect", &ShmTransport::connect, py::call_guard<py::gil_scoped_release>());
 

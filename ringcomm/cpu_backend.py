@@ -11,6 +11,10 @@ SLOT_BYTES = int(os.environ.get("RINGCOMM_SHM_SLOT_BYTES", 64 * 1024))
 SLOT_COUNT = int(os.environ.get("RINGCOMM_SHM_SLOTS", 16))
 
 
+# How long a waiting rank yields the CPU before it sleeps on a futex (RINGCOMM_YIELD_US).
+YIELD_MICROS = int(os.environ.get("RINGCOMM_YIELD_US", 2000))
+
+
 def spins(world_size):
     """Busy polls before yielding: worth it only when every rank can have a core to itself."""
     if "RINGCOMM_SPINS" in os.environ:
@@ -21,7 +25,8 @@ def spins(world_size):
 def create(rendezvous, slice_bytes=None):
     """A _C.Communicator over shared memory; every rank of the group calls this together."""
     rank, size = rendezvous.rank, rendezvous.world_size
-    transport = _C.ShmTransport(rank, size, SLOT_BYTES, SLOT_COUNT, rendezvous.timeout, spins(size))
+    transport = _C.ShmTransport(rank, size, SLOT_BYTES, SLOT_COUNT, rendezvous.timeout, spins(size),
+                                YIELD_MICROS)
     if size > 1:
         rendezvous.publish("shm", transport.channel_name)
         transport.connect(rendezvous.read("shm", (rank - 1) % size).decode())

@@ -1,0 +1,261 @@
+// Shared by reduce_kernels.cu and wire_kernels.cu: 16-bit conversions, the reduction ops, the
+// grid-stride walk over an aligned range, and the host-side launch sizing. CUDA only; host code
+// outside csrc/cuda uses reduce_kernels.h.
+//
+// Arithmetic matches csrc/cpu/cpu_reducer.cc bit for bit: float16/bfloat16 are computed in
+// float32 and rounded once (round to nearest even; NaN converts as csrc/cpu/half.h converts it);
+// signed integers wrap; min/max return NaN when either side is NaN; integer AVG truncates like
+// C++ division.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <type_traits>
+
+#include "cuda/cuda_check.h"
+#include "cuda/reduce_kernels.h"
+
+namespace ringcomm::kern {
+
+constexpr int kThreads = 256;
+constexpr int kBlocksPerSm = 8;  // ~60-80 registers: 2-4 blocks resident, the rest queue
+constexpr int kMaxDevices = 64;
+
+enum class KOp : int { Sum, Prod, Min, Max, BAnd, BOr, BXor, LAnd, LOr };
+
+// -- element conversions: storage <-> the type arithmetic happens in ----------------------------
+template <typename T>
+struct Plain {
+  using Storage = T;
+  using Acc = T;
+  static __device__ __forceinline__ Acc load(Storage s) { return s; }
+  static __device__ __forceinline__ Storage store(Acc v) { return v; }
+};
+// The hardware conversions round to nearest even like csrc/cpu/half.h; only NaN differs (the
+// hardware writes a canonical NaN), so NaN takes the CPU's path and the bits agree everywhere.
+struct Fp16 {
+  using Storage = uint16_t;  // bits, so vectors can be a plain union
+  using Acc = float;
+  static __device__ __forceinline__ float load(uint16_t s) {
+    if ((s & 0x7fffu) > 0x7c00u)  // NaN: keep sign and payload
+      return __uint_as_float((static_cast<uint32_t>(s & 0x8000u) << 16) | 0x7f800000u |
+                             (static_cast<uint32_t>(s & 0x3ffu) << 13));
+    return __half2float(__ushort_as_half(s));
+  }
+  static __device__ __forceinline__ uint16_t store(float v) {
+    const uint32_t bits = __float_as_uint(v);
+    if ((bits & 0x7fffffffu) > 0x7f800000u)  // NaN: sign and the quiet bit
+      return static_cast<uint16_t>(((bits >> 16) & 0x8000u) | 0x7e00u);
+    return __half_as_ushort(__float2half_rn(v));
+  }
+};
+struct Bf16 {
+  using Storage = uint16_t;
+  using Acc = float;
+  static __device__ __forceinline__ float load(uint16_t s) {
+    return __uint_as_float(static_cast<uint32_t>(s) << 16);
+  }
+  static __device__ __forceinline__ uint16_t store(float v) {
+    const uint32_t bits = __float_as_uint(v);
+    if ((bits & 0x7fffffffu) > 0x7f800000u)  // NaN: truncated payload, made quiet
+      return static_cast<uint16_t>((bits >> 16) | 0x40u);
+    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+  }
+};
+
+// -- ops ----------------------------------------------------------------------------------------
+// Signed overflow is UB in C++; unsigned arithmetic gives the wrap the CPU reducer has.
+template <typename A>
+__device__ __forceinline__ A wrapAdd(A x, A y) {
+  if constexpr (std::is_integral_v<A> && std::is_signed_v<A>)
+    return static_cast<A>(static_cast<std::make_unsigned_t<A>>(x) +
+                          static_cast<std::make_unsigned_t<A>>(y));
+  else
+    return x + y;
+}
+template <typename A>
+__device__ __forceinline__ A wrapMul(A x, A y) {
+  if constexpr (std::is_integral_v<A> && std::is_signed_v<A>)
+    return static_cast<A>(static_cast<std::make_unsigned_t<A>>(x) *
+                          static_cast<std::make_unsigned_t<A>>(y));
+  else
+    return static_cast<A>(x * y);
+}
+
+template <KOp Op, typename A>
+__device__ __forceinline__ A apply(A x, A y) {
+  constexpr bool kFloat = std::is_floating_point_v<A>;
+  if constexpr (Op == KOp::Sum) return wrapAdd(x, y);
+  if constexpr (Op == KOp::Prod) return wrapMul(x, y);
+  if constexpr (Op == KOp::Min) {
+    if constexpr (kFloat)
+      if (y != y) return y;  // NaN wins (torch.minimum); x NaN survives the compare below
+    return y < x ? y : x;
+  }
+  if constexpr (Op == KOp::Max) {
+    if constexpr (kFloat)
+      if (y != y) return y;
+    return y > x ? y : x;
+  }
+  if constexpr (!kFloat) {
+    if constexpr (Op == KOp::BAnd) return x & y;
+    if constexpr (Op == KOp::BOr) return x | y;
+    if constexpr (Op == KOp::BXor) return x ^ y;
+    if constexpr (Op == KOp::LAnd) return static_cast<A>((x != 0) && (y != 0));
+    if constexpr (Op == KOp::LOr) return static_cast<A>((x != 0) || (y != 0));
+  }
+  return x;  // unreachable: the host never instantiates other combinations
+}
+
+// AVG's divide and the fused scale, applied to the op's result in the accumulation type.
+template <typename A>
+struct Epilogue {
+  A divisor;
+  bool divide;
+  float scale;
+  bool scaled;
+
+  static Epilogue from(const ReduceLaunch& l) {
+    return {static_cast<A>(l.divisor), l.finalize && l.op == RedOp::Avg && l.divisor != 1,
+            l.scale, l.scale != 1.0f};
+  }
+  __device__ __forceinline__ A operator()(A r) const {
+    if (divide) r = static_cast<A>(r / divisor);
+    if constexpr (std::is_floating_point_v<A>)
+      if (scaled) r = r * static_cast<A>(scale);
+    return r;
+  }
+};
+
+// Runs f(OpTag<op>{}) for a runtime op: the four arithmetic ops, plus the bitwise and logical
+// ones when kAll, so each caller instantiates only the kernels its types allow. False: op is
+// outside that set (the caller raises its own message).
+template <KOp Op>
+using OpTag = std::integral_constant<KOp, Op>;
+template <bool kAll, typename F>
+bool withOp(KOp op, F&& f) {
+  switch (op) {
+    case KOp::Sum: f(OpTag<KOp::Sum>{}); return true;
+    case KOp::Prod: f(OpTag<KOp::Prod>{}); return true;
+    case KOp::Min: f(OpTag<KOp::Min>{}); return true;
+    case KOp::Max: f(OpTag<KOp::Max>{}); return true;
+    default: break;
+  }
+  if constexpr (kAll) {
+    switch (op) {
+      case KOp::BAnd: f(OpTag<KOp::BAnd>{}); return true;
+      case KOp::BOr: f(OpTag<KOp::BOr>{}); return true;
+      case KOp::BXor: f(OpTag<KOp::BXor>{}); return true;
+      case KOp::LAnd: f(OpTag<KOp::LAnd>{}); return true;
+      case KOp::LOr: f(OpTag<KOp::LOr>{}); return true;
+      default: break;
+    }
+  }
+  return false;
+}
+
+// -- vectors and the grid-stride walk -------------------------------------------------------------
+// n elements: `head` scalars until every pointer is 16-byte aligned, `vecs` vectors, then a
+// scalar tail. Kernel parameter structs derive from it.
+struct Range {
+  size_t n;
+  size_t head;
+  size_t vecs;
+};
+
+// 16-byte view of p after the head; null stays null so an unused output costs one branch.
+template <typename T>
+__device__ __forceinline__ const uint4* vecIn(const T* p, size_t head) {
+  return reinterpret_cast<const uint4*>(p + head);
+}
+template <typename T>
+__device__ __forceinline__ uint4* vecOut(T* p, size_t head) {
+  return p ? reinterpret_cast<uint4*>(p + head) : nullptr;
+}
+
+// The head and tail go through scalar(i); vectors through load(frag, i) then compute(frag, i).
+// All kUnroll loads of a thread are issued before any arithmetic, so each keeps several 16-byte
+// requests in flight.
+template <int kPerVec, int kUnroll, typename Frag, typename Scalar, typename Load,
+          typename Compute>
+__device__ __forceinline__ void walk(const Range& r, Scalar scalar, Load load, Compute compute) {
+  const size_t tid = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  const size_t stride = gridDim.x * static_cast<size_t>(blockDim.x);
+
+  for (size_t i = tid; i < r.head; i += stride) scalar(i);
+
+  for (size_t base = tid; base < r.vecs; base += stride * kUnroll) {
+    Frag f[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const size_t i = base + u * stride;
+      if (i < r.vecs) load(f[u], i);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const size_t i = base + u * stride;
+      if (i < r.vecs) compute(f[u], i);
+    }
+  }
+
+  for (size_t i = r.head + r.vecs * kPerVec + tid; i < r.n; i += stride) scalar(i);
+}
+
+// -- host side: launch sizing ---------------------------------------------------------------------
+// inline, so both kernel files share one cache.
+inline int smCount() {
+  static int cache[kMaxDevices] = {};  // benign race: every writer stores the same value
+  int device = 0;
+  RC_CUDA_CHECK(cudaGetDevice(&device));
+  if (device < 0 || device >= kMaxDevices) device = 0;
+  if (cache[device] == 0) {
+    int sms = 0;
+    RC_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    cache[device] = sms > 0 ? sms : 1;
+  }
+  return cache[device];
+}
+
+struct Operand {
+  const void* ptr;  // null: not used
+  size_t size;      // bytes per element
+};
+
+// Elements to peel (fewer than one vector of `perVec`) so that every pointer is 16-byte aligned
+// after them, or SIZE_MAX when no count does (then the whole range takes the scalar path).
+inline size_t alignedHead(std::initializer_list<Operand> operands, size_t perVec) {
+  for (size_t k = 0; k < perVec; ++k) {
+    bool aligned = true;
+    for (const Operand& o : operands)
+      if (o.ptr != nullptr && (reinterpret_cast<uintptr_t>(o.ptr) + k * o.size) % 16 != 0)
+        aligned = false;
+    if (aligned) return k;
+  }
+  return SIZE_MAX;
+}
+
+// Splits n elements into p's Range, sizes the grid (one thread per vector, at most
+// kBlocksPerSm blocks per SM) and launches kernel(p) on the stream.
+template <typename P>
+void launchOver(void (*kernel)(P), P& p, size_t n, size_t head, size_t perVec,
+                cudaStream_t stream) {
+  p.n = n;
+  p.head = head == SIZE_MAX ? n : (head < n ? head : n);
+  p.vecs = (n - p.head) / perVec;
+  const size_t work = p.vecs > 0 ? p.vecs : n;
+  const size_t wanted = (work + kThreads - 1) / kThreads;
+  const size_t limit = static_cast<size_t>(smCount()) * kBlocksPerSm;
+  const auto blocks = static_cast<unsigned>(wanted < limit ? (wanted > 0 ? wanted : 1) : limit);
+  kernel<<<blocks, kThreads, 0, stream>>>(p);
+  RC_CUDA_CHECK(cudaGetLastError());
+}
+
+// float32 data on a 16-bit wire; op is SUM/PROD/MIN/MAX (wire_kernels.cu).
+void launchWireReduce(KOp op, const ReduceLaunch& l, cudaStream_t stream);
+
+}  // namespace ringcomm::kern

@@ -1,0 +1,197 @@
+// float32 buffers on a 16-bit wire W (Fp16 or Bf16): the reduce kernels (2x4 instantiations)
+// and the float32 <-> W conversions (2x2), with their launchers and launchConvert.
+//
+// A vector is 8 elements: two 16-byte float loads and one 16-byte wire load. When out1 (W) is
+// written, out0 (float32) gets the value after the round trip through W, so the rank that keeps
+// a result holds the bits the others receive.
+#include <cstdint>
+
+#include "cuda/kernel_common.cuh"
+#include "cuda/reduce_kernels.h"
+#include "ringcomm/reducer.h"
+
+namespace ringcomm {
+using namespace kern;
+namespace {
+
+constexpr int kWirePerVec = 8;
+constexpr int kWireUnroll = 2;  // 48 bytes per vector: 2 in flight ~ the 4x16 of the plain path
+
+union FloatVec {
+  uint4 raw[2];
+  float e[kWirePerVec];
+};
+union WireVec {
+  uint4 raw;
+  uint16_t e[kWirePerVec];
+};
+struct WireFrag {
+  FloatVec x;
+  WireVec y;
+};
+
+__device__ __forceinline__ void loadFloats(FloatVec& x, const uint4* v, size_t i) {
+  x.raw[0] = v[2 * i];
+  x.raw[1] = v[2 * i + 1];
+}
+__device__ __forceinline__ void storeFrag(const WireFrag& f, uint4* vo0, uint4* vo1, size_t i) {
+  if (vo0) {
+    vo0[2 * i] = f.x.raw[0];
+    vo0[2 * i + 1] = f.x.raw[1];
+  }
+  if (vo1) vo1[i] = f.y.raw;
+}
+
+struct WireOut : Range {
+  float* out0;
+  uint16_t* out1;
+};
+
+// -- reduce: out = op(a float32, b in W) ----------------------------------------------------------
+struct MixedParams : WireOut {
+  const float* a;
+  const uint16_t* b;
+  Epilogue<float> fin;
+};
+
+// The result, and its W bits in w when the wire is written (then the result is the value after
+// the round trip).
+template <typename W, KOp Op>
+__device__ __forceinline__ float mixedValue(float x, uint16_t y, const MixedParams& p, bool toWire,
+                                            uint16_t& w) {
+  float r = p.fin(apply<Op>(x, W::load(y)));
+  if (toWire) {
+    w = W::store(r);
+    r = W::load(w);
+  }
+  return r;
+}
+
+template <typename W, KOp Op>
+__global__ void __launch_bounds__(kThreads) mixedReduceKernel(const MixedParams p) {
+  const uint4* va = vecIn(p.a, p.head);  // two per vector
+  const uint4* vb = vecIn(p.b, p.head);
+  uint4* vo0 = vecOut(p.out0, p.head);
+  uint4* vo1 = vecOut(p.out1, p.head);
+  walk<kWirePerVec, kWireUnroll, WireFrag>(
+      p,
+      [&](size_t i) {
+        uint16_t w;
+        const float r = mixedValue<W, Op>(p.a[i], p.b[i], p, p.out1, w);
+        if (p.out1) p.out1[i] = w;
+        if (p.out0) p.out0[i] = r;
+      },
+      [&](WireFrag& f, size_t i) {
+        loadFloats(f.x, va, i);
+        f.y.raw = vb[i];
+      },
+      [&](WireFrag& f, size_t i) {
+#pragma unroll
+        for (int k = 0; k < kWirePerVec; ++k)
+          f.x.e[k] = mixedValue<W, Op>(f.x.e[k], f.y.e[k], p, vo1, f.y.e[k]);
+        storeFrag(f, vo0, vo1, i);
+      });
+}
+
+// -- convert: out0 (float32) and out1 (W) from src ------------------------------------------------
+// src is W when kFromWire (out0 widened, out1 a copy), else float32 (out1 rounded, out0 a copy).
+// The launcher drops an output that is src itself.
+struct ConvertParams : WireOut {
+  const float* f;     // src when !kFromWire
+  const uint16_t* w;  // src when kFromWire
+};
+
+template <typename W, bool kFromWire>
+__global__ void __launch_bounds__(kThreads) convertKernel(const ConvertParams p) {
+  const uint4* vf = kFromWire ? nullptr : vecIn(p.f, p.head);
+  const uint4* vw = kFromWire ? vecIn(p.w, p.head) : nullptr;
+  uint4* vo0 = vecOut(p.out0, p.head);
+  uint4* vo1 = vecOut(p.out1, p.head);
+  walk<kWirePerVec, kWireUnroll, WireFrag>(
+      p,
+      [&](size_t i) {
+        float x;
+        uint16_t y;
+        if constexpr (kFromWire) {
+          y = p.w[i];
+          x = W::load(y);
+        } else {
+          x = p.f[i];
+          y = W::store(x);
+        }
+        if (p.out0) p.out0[i] = x;
+        if (p.out1) p.out1[i] = y;
+      },
+      [&](WireFrag& f, size_t i) {
+        if constexpr (kFromWire)
+          f.y.raw = vw[i];
+        else
+          loadFloats(f.x, vf, i);
+      },
+      [&](WireFrag& f, size_t i) {
+#pragma unroll
+        for (int k = 0; k < kWirePerVec; ++k) {
+          if constexpr (kFromWire)
+            f.x.e[k] = W::load(f.y.e[k]);
+          else
+            f.y.e[k] = W::store(f.x.e[k]);
+        }
+        storeFrag(f, vo0, vo1, i);
+      });
+}
+
+// -- host side ------------------------------------------------------------------------------------
+
+template <typename W, KOp Op>
+void launchMixedTyped(const ReduceLaunch& l, cudaStream_t stream) {
+  MixedParams p;
+  p.out0 = static_cast<float*>(l.out0);
+  p.out1 = static_cast<uint16_t*>(l.out1);
+  p.a = static_cast<const float*>(l.a);
+  p.b = static_cast<const uint16_t*>(l.b);
+  p.fin = Epilogue<float>::from(l);
+  const size_t head = alignedHead({{l.out0, 4}, {l.out1, 2}, {l.a, 4}, {l.b, 2}}, kWirePerVec);
+  launchOver(mixedReduceKernel<W, Op>, p, l.n, head, kWirePerVec, stream);
+}
+
+template <typename W>
+void launchMixed(KOp op, const ReduceLaunch& l, cudaStream_t s) {
+  if (!withOp<false>(op, [&](auto tag) { launchMixedTyped<W, decltype(tag)::value>(l, s); }))
+    RC_THROW("op '", redOpName(l.op), "' is not defined for float32 data on a 16-bit wire");
+}
+
+template <typename W>
+void launchConvertTyped(const ConvertLaunch& l, cudaStream_t stream) {
+  ConvertParams p;
+  p.out0 = static_cast<float*>(l.out0);
+  p.out1 = static_cast<uint16_t*>(l.out1);
+  p.f = l.srcIsWire ? nullptr : static_cast<const float*>(l.src);
+  p.w = l.srcIsWire ? static_cast<const uint16_t*>(l.src) : nullptr;
+  const size_t head = alignedHead(
+      {{l.out0, 4}, {l.out1, 2}, {l.src, l.srcIsWire ? 2u : 4u}}, kWirePerVec);
+  launchOver(l.srcIsWire ? convertKernel<W, true> : convertKernel<W, false>, p, l.n, head,
+             kWirePerVec, stream);
+}
+
+}  // namespace
+
+void kern::launchWireReduce(KOp op, const ReduceLaunch& l, cudaStream_t stream) {
+  if (*l.wireType == DataType::BFloat16) return launchMixed<Bf16>(op, l, stream);
+  launchMixed<Fp16>(op, l, stream);
+}
+
+void launchConvert(const ConvertLaunch& launch, void* streamPtr) {
+  ConvertLaunch l = launch;
+  RC_CHECK(l.wireType == DataType::Float16 || l.wireType == DataType::BFloat16,
+           "a 16-bit wire is float16 or bfloat16, not ", dataTypeName(l.wireType));
+  RC_CHECK(l.n == 0 || l.src != nullptr, "convert source must not be null");
+  // The output in src's own type, at src's address, already holds the result.
+  void*& sameType = l.srcIsWire ? l.out1 : l.out0;
+  if (sameType == l.src) sameType = nullptr;
+  if (l.n == 0 || (l.out0 == nullptr && l.out1 == nullptr)) return;
+  auto stream = static_cast<cudaStream_t>(streamPtr);
+  if (l.wireType == DataType::BFloat16) return launchConvertTyped<Bf16>(l, stream);
+  launchConvertTyped<Fp16>(l, stream);
+}
+
+}  // namespace ringcomm
