@@ -80,3 +80,32 @@ def test_16_bit_wire_accumulates_in_float32_and_agrees_across_ranks():
 def test_schedule_is_exported():
     s = ringcomm.schedule("all_gather", world_size=2, count=3)
     assert s.chunks == ((0, 3), (3, 3)) and len(s.steps) == 2
+
+
+def float16_sums(rank, n):
+    comm = ringcomm.Communicator(timeout=30)
+    torch.manual_seed(rank)
+    x = torch.randn(10_001) * 1000
+    plain = x.half()
+    comm.all_reduce(plain)
+    wired = x.clone()
+    comm.all_reduce(wired, wire_dtype=torch.float16)
+    comm.close()
+    return x, plain, wired
+
+
+def test_float16_arithmetic_rounds_like_torch():
+    """Real-valued inputs, 2 ranks: each element is one float32 addition, rounded once to
+    float16 -- whichever conversion path (F16C or portable) the CPU takes."""
+    results = launch(2, float16_sums)
+    x0, x1 = results[0][0], results[1][0]
+    expected_plain = (x0.half().float() + x1.half().float()).half()
+    assert torch.equal(results[0][1], expected_plain) and torch.equal(results[1][1], expected_plain)
+    # 16-bit wire: the chunk's owner adds its float32 value to the other's float16 message.
+    chunks = ringcomm.schedule("all_reduce", world_size=2, count=x0.numel()).chunks
+    expected_wire = torch.empty_like(x0)
+    for owner, (offset, count) in enumerate(chunks):
+        span = slice(offset, offset + count)
+        own, other = (x0, x1) if owner == 0 else (x1, x0)
+        expected_wire[span] = (own[span] + other[span].half().float()).half().float()
+    assert torch.equal(results[0][2], expected_wire) and torch.equal(results[1][2], expected_wire)

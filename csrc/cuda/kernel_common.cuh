@@ -169,6 +169,12 @@ struct Range {
 };
 
 // 16-byte view of p after the head; null stays null so an unused output costs one branch.
+struct Views {
+  const uint4* a;
+  const uint4* b;
+  uint4* o0;
+  uint4* o1;
+};
 template <typename T>
 __device__ __forceinline__ const uint4* vecIn(const T* p, size_t head) {
   return reinterpret_cast<const uint4*>(p + head);
@@ -181,25 +187,28 @@ __device__ __forceinline__ uint4* vecOut(T* p, size_t head) {
 // The head and tail go through scalar(i); vectors through load(frag, i) then compute(frag, i).
 // All kUnroll loads of a thread are issued before any arithmetic, so each keeps several 16-byte
 // requests in flight.
-template <int kPerVec, int kUnroll, typename Frag, typename Scalar, typename Load,
-          typename Compute>
-__device__ __forceinline__ void walk(const Range& r, Scalar scalar, Load load, Compute compute) {
+template <int kPerVec, int kUnroll, typename X, typename Y, typename R, typename Scalar,
+          typename Views, typename Load, typename Compute>
+__device__ __forceinline__ void walk(const R& r, Scalar scalar, Views views, Load load, Compute compute) {
   const size_t tid = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   const size_t stride = gridDim.x * static_cast<size_t>(blockDim.x);
 
   for (size_t i = tid; i < r.head; i += stride) scalar(i);
 
+  const auto v = views();
+
   for (size_t base = tid; base < r.vecs; base += stride * kUnroll) {
-    Frag f[kUnroll];
+    X x[kUnroll];
+    Y y[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const size_t i = base + u * stride;
-      if (i < r.vecs) load(f[u], i);
+      if (i < r.vecs) load(v, x[u], y[u], i);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const size_t i = base + u * stride;
-      if (i < r.vecs) compute(f[u], i);
+      if (i < r.vecs) compute(v, x[u], y[u], i);
     }
   }
 

@@ -41,29 +41,26 @@ __global__ void __launch_bounds__(kThreads) reduceKernel(const Params<C> p) {
     uint4 raw;
     S e[kPerVec];
   };
-  struct Frag {
-    Vec x, y;
-  };
-  const uint4* va = vecIn(p.a, p.head);
-  const uint4* vb = vecIn(p.b, p.head);
-  uint4* vo0 = vecOut(p.out0, p.head);
-  uint4* vo1 = vecOut(p.out1, p.head);
-  walk<kPerVec, kUnroll, Frag>(
+  walk<kPerVec, kUnroll, Vec, Vec>(
       p,
       [&](size_t i) {
         const S v = combine<C, Op>(p.a[i], p.b[i], p);
         if (p.out0) p.out0[i] = v;
         if (p.out1) p.out1[i] = v;
       },
-      [&](Frag& f, size_t i) {
-        f.x.raw = va[i];
-        f.y.raw = vb[i];
+      [&] {
+        return Views{vecIn(p.a, p.head), vecIn(p.b, p.head), vecOut(p.out0, p.head),
+                     vecOut(p.out1, p.head)};
       },
-      [&](Frag& f, size_t i) {
+      [&](const Views& v, Vec& x, Vec& y, size_t i) {
+        x.raw = v.a[i];
+        y.raw = v.b[i];
+      },
+      [&](const Views& v, Vec& x, Vec& y, size_t i) {
 #pragma unroll
-        for (int k = 0; k < kPerVec; ++k) f.x.e[k] = combine<C, Op>(f.x.e[k], f.y.e[k], p);
-        if (vo0) vo0[i] = f.x.raw;
-        if (vo1) vo1[i] = f.x.raw;
+        for (int k = 0; k < kPerVec; ++k) x.e[k] = combine<C, Op>(x.e[k], y.e[k], p);
+        if (v.o0) v.o0[i] = x.raw;
+        if (v.o1) v.o1[i] = x.raw;
       });
 }
 

@@ -25,89 +25,105 @@ union WireVec {
   uint4 raw;
   uint16_t e[kWirePerVec];
 };
-struct WireFrag {
-  FloatVec x;
-  WireVec y;
-};
 
 __device__ __forceinline__ void loadFloats(FloatVec& x, const uint4* v, size_t i) {
   x.raw[0] = v[2 * i];
   x.raw[1] = v[2 * i + 1];
 }
-__device__ __forceinline__ void storeFrag(const WireFrag& f, uint4* vo0, uint4* vo1, size_t i) {
-  if (vo0) {
-    vo0[2 * i] = f.x.raw[0];
-    vo0[2 * i + 1] = f.x.raw[1];
+__device__ __forceinline__ void storeBoth(const Views& v, const FloatVec& x, const WireVec& y,
+                                          size_t i) {
+  if (v.o0) {
+    v.o0[2 * i] = x.raw[0];
+    v.o0[2 * i + 1] = x.raw[1];
   }
-  if (vo1) vo1[i] = f.y.raw;
+  if (v.o1) v.o1[i] = y.raw;
 }
 
-struct WireOut : Range {
+// -- reduce: out = op(a float32, b in W) ----------------------------------------------------------
+struct MixedParams {
   float* out0;
   uint16_t* out1;
-};
-
-// -- reduce: out = op(a float32, b in W) ----------------------------------------------------------
-struct MixedParams : WireOut {
   const float* a;
   const uint16_t* b;
+  size_t n, head, vecs;  // as in Range
   Epilogue<float> fin;
 };
 
-// The result, and its W bits in w when the wire is written (then the result is the value after
-// the round trip).
 template <typename W, KOp Op>
-__device__ __forceinline__ float mixedValue(float x, uint16_t y, const MixedParams& p, bool toWire,
-                                            uint16_t& w) {
-  float r = p.fin(apply<Op>(x, W::load(y)));
-  if (toWire) {
-    w = W::store(r);
-    r = W::load(w);
-  }
-  return r;
+__device__ __forceinline__ float mixedValue(float x, uint16_t y, const MixedParams& p) {
+  return p.fin(apply<Op>(x, W::load(y)));
 }
 
 template <typename W, KOp Op>
+__device__ __forceinline__ void mixedAt(const MixedParams& p, size_t i) {
+  float r = mixedValue<W, Op>(p.a[i], p.b[i], p);
+  if (p.out1) {
+    const uint16_t w = W::store(r);
+    p.out1[i] = w;
+    r = W::load(w);
+  }
+  if (p.out0) p.out0[i] = r;
+}
+
+// Written out rather than through walk(): through walk() ptxas gives some of these 44-48
+// register kernels 56-60 registers (one block per SM fewer).
+template <typename W, KOp Op>
 __global__ void __launch_bounds__(kThreads) mixedReduceKernel(const MixedParams p) {
-  const uint4* va = vecIn(p.a, p.head);  // two per vector
-  const uint4* vb = vecIn(p.b, p.head);
-  uint4* vo0 = vecOut(p.out0, p.head);
-  uint4* vo1 = vecOut(p.out1, p.head);
-  walk<kWirePerVec, kWireUnroll, WireFrag>(
-      p,
-      [&](size_t i) {
-        uint16_t w;
-        const float r = mixedValue<W, Op>(p.a[i], p.b[i], p, p.out1, w);
-        if (p.out1) p.out1[i] = w;
-        if (p.out0) p.out0[i] = r;
-      },
-      [&](WireFrag& f, size_t i) {
-        loadFloats(f.x, va, i);
-        f.y.raw = vb[i];
-      },
-      [&](WireFrag& f, size_t i) {
+  const size_t tid = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  const size_t stride = gridDim.x * static_cast<size_t>(blockDim.x);
+
+  for (size_t i = tid; i < p.head; i += stride) mixedAt<W, Op>(p, i);
+
+  const uint4* va = reinterpret_cast<const uint4*>(p.a + p.head);  // two per vector
+  const uint4* vb = reinterpret_cast<const uint4*>(p.b + p.head);
+  uint4* vo0 = p.out0 ? reinterpret_cast<uint4*>(p.out0 + p.head) : nullptr;
+  uint4* vo1 = p.out1 ? reinterpret_cast<uint4*>(p.out1 + p.head) : nullptr;
+  for (size_t base = tid; base < p.vecs; base += stride * kWireUnroll) {
+    FloatVec x[kWireUnroll];
+    WireVec y[kWireUnroll];
 #pragma unroll
-        for (int k = 0; k < kWirePerVec; ++k)
-          f.x.e[k] = mixedValue<W, Op>(f.x.e[k], f.y.e[k], p, vo1, f.y.e[k]);
-        storeFrag(f, vo0, vo1, i);
-      });
+    for (int u = 0; u < kWireUnroll; ++u) {
+      const size_t i = base + u * stride;
+      if (i < p.vecs) {
+        loadFloats(x[u], va, i);
+        y[u].raw = vb[i];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kWireUnroll; ++u) {
+      const size_t i = base + u * stride;
+      if (i < p.vecs) {
+#pragma unroll
+        for (int k = 0; k < kWirePerVec; ++k) {
+          float r = mixedValue<W, Op>(x[u].e[k], y[u].e[k], p);
+          if (vo1) {
+            y[u].e[k] = W::store(r);
+            r = W::load(y[u].e[k]);
+          }
+          x[u].e[k] = r;
+        }
+        storeBoth({nullptr, nullptr, vo0, vo1}, x[u], y[u], i);
+      }
+    }
+  }
+
+  for (size_t i = p.head + p.vecs * kWirePerVec + tid; i < p.n; i += stride) mixedAt<W, Op>(p, i);
 }
 
 // -- convert: out0 (float32) and out1 (W) from src ------------------------------------------------
 // src is W when kFromWire (out0 widened, out1 a copy), else float32 (out1 rounded, out0 a copy).
 // The launcher drops an output that is src itself.
-struct ConvertParams : WireOut {
+struct ConvertParams {
+  float* out0;
+  uint16_t* out1;
   const float* f;     // src when !kFromWire
   const uint16_t* w;  // src when kFromWire
+  size_t n, head, vecs;  // as in Range
 };
 
 template <typename W, bool kFromWire>
 __global__ void __launch_bounds__(kThreads) convertKernel(const ConvertParams p) {
-  const uint4* vf = kFromWire ? nullptr : vecIn(p.f, p.head);
-  const uint4* vw = kFromWire ? vecIn(p.w, p.head) : nullptr;
-  uint4* vo0 = vecOut(p.out0, p.head);
-  uint4* vo1 = vecOut(p.out1, p.head);
-  walk<kWirePerVec, kWireUnroll, WireFrag>(
+  walk<kWirePerVec, kWireUnroll, FloatVec, WireVec>(
       p,
       [&](size_t i) {
         float x;
@@ -122,21 +138,26 @@ __global__ void __launch_bounds__(kThreads) convertKernel(const ConvertParams p)
         if (p.out0) p.out0[i] = x;
         if (p.out1) p.out1[i] = y;
       },
-      [&](WireFrag& f, size_t i) {
-        if constexpr (kFromWire)
-          f.y.raw = vw[i];
-        else
-          loadFloats(f.x, vf, i);
+      [&] {  // a: float32 src, b: wire src
+        return Views{kFromWire ? nullptr : vecIn(p.f, p.head),
+                     kFromWire ? vecIn(p.w, p.head) : nullptr, vecOut(p.out0, p.head),
+                     vecOut(p.out1, p.head)};
       },
-      [&](WireFrag& f, size_t i) {
+      [&](const Views& v, FloatVec& x, WireVec& y, size_t i) {
+        if constexpr (kFromWire)
+          y.raw = v.b[i];
+        else
+          loadFloats(x, v.a, i);
+      },
+      [&](const Views& v, FloatVec& x, WireVec& y, size_t i) {
 #pragma unroll
         for (int k = 0; k < kWirePerVec; ++k) {
           if constexpr (kFromWire)
-            f.x.e[k] = W::load(f.y.e[k]);
+            x.e[k] = W::load(y.e[k]);
           else
-            f.y.e[k] = W::store(f.x.e[k]);
+            y.e[k] = W::store(x.e[k]);
         }
-        storeFrag(f, vo0, vo1, i);
+        storeBoth(v, x, y, i);
       });
 }
 
