@@ -184,12 +184,14 @@ __device__ __forceinline__ uint4* vecOut(T* p, size_t head) {
   return p ? reinterpret_cast<uint4*>(p + head) : nullptr;
 }
 
-// The head and tail go through scalar(i); vectors through load(frag, i) then compute(frag, i).
-// All kUnroll loads of a thread are issued before any arithmetic, so each keeps several 16-byte
-// requests in flight.
+// The head and tail go through scalar(i); vectors through load(v, x, y, i) then
+// compute(v, x, y, i), v = views() made after the head (as the hand-written loops did: ptxas
+// register counts depend on it). All kUnroll loads of a thread are issued before any
+// arithmetic, so each keeps several 16-byte requests in flight.
 template <int kPerVec, int kUnroll, typename X, typename Y, typename R, typename Scalar,
-          typename Views, typename Load, typename Compute>
-__device__ __forceinline__ void walk(const R& r, Scalar scalar, Views views, Load load, Compute compute) {
+          typename MakeViews, typename Load, typename Compute>
+__device__ __forceinline__ void walk(const R& r, Scalar scalar, MakeViews views, Load load,
+                                     Compute compute) {
   const size_t tid = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   const size_t stride = gridDim.x * static_cast<size_t>(blockDim.x);
 
