@@ -48,8 +48,7 @@ void Communicator::run(Collective& c, RedOp op, DataType type) { run(c, op, type
 void Communicator::run(Collective& c, RedOp op, DataType type, DataType wireType) {
   std::string why;
   RC_CHECK(opSupported(op, type, &why), why);
-  RC_CHECK(wireTypeSupported(type, wireType), dataTypeName(type), " data cannot travel as ",
-           dataTypeName(wireType), " (a 16-bit wire is for float32 tensors)");
+  checkWireType(type, wireType);
   c.spec = ReduceSpec{type, op, worldSize_, wireType};
   c.sequence = sequence_++;
   if (worldSize_ == 1 && (op == RedOp::LAnd || op == RedOp::LOr)) {

@@ -99,6 +99,11 @@ bool wireTypeSupported(DataType type, DataType wireType) {
                                                             wireType == DataType::BFloat16));
 }
 
+void checkWireType(DataType type, DataType wireType) {
+  RC_CHECK(wireTypeSupported(type, wireType), dataTypeName(type), " data cannot travel as ",
+           dataTypeName(wireType), " (a 16-bit wire is for float32 tensors)");
+}
+
 void Reducer::convert(void* out0, void* out1, const void* src, bool srcIsWire, size_t n,
                       const ReduceSpec& spec) {
   RC_CHECK(spec.type == spec.wireType, "this device cannot send ", dataTypeName(spec.type),

@@ -228,17 +228,11 @@ void convertFromFloat(void* out0, void* out1, const void* src, bool srcIsWire, s
   }
 }
 
-void checkWire(const ReduceSpec& spec) {
-  RC_CHECK(wireTypeSupported(spec.type, spec.wireType), dataTypeName(spec.type),
-           " data cannot travel as ", dataTypeName(spec.wireType),
-           " (a 16-bit wire is for float32 tensors)");
-}
-
 }  // namespace
 
 void CpuReducer::convert(void* out0, void* out1, const void* src, bool srcIsWire, size_t n,
                          const ReduceSpec& spec) {
-  checkWire(spec);
+  checkWireType(spec.type, spec.wireType);
   if (spec.wireType == DataType::BFloat16) return convertFromFloat<BHalf>(out0, out1, src, srcIsWire, n);
   if (spec.wireType == DataType::Float16) return convertFromFloat<Half>(out0, out1, src, srcIsWire, n);
   Reducer::convert(out0, out1, src, srcIsWire, n, spec);
@@ -247,7 +241,7 @@ void CpuReducer::convert(void* out0, void* out1, const void* src, bool srcIsWire
 void CpuReducer::reduce(void* out0, void* out1, const void* a, const void* b, size_t n,
                         const ReduceSpec& spec, bool finalize) {
   if (spec.wireType != spec.type) {
-    checkWire(spec);
+    checkWireType(spec.type, spec.wireType);
     if (spec.wireType == DataType::BFloat16)
       return reduceTyped<float, BHalf>(out0, out1, a, b, n, spec, finalize);
     return reduceThroughFloat<float, Half>(out0, out1, a, b, n, spec, finalize);

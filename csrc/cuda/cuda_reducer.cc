@@ -29,9 +29,7 @@ void CudaReducer::reduce(void* out0, void* out1, const void* a, const void* b, s
 void CudaReducer::convert(void* out0, void* out1, const void* src, bool srcIsWire, size_t n,
                           const ReduceSpec& spec) {
   if (spec.wireType == spec.type) return copy(out0, out1, src, n * dataTypeSize(spec.type));
-  RC_CHECK(wireTypeSupported(spec.type, spec.wireType), dataTypeName(spec.type),
-           " data cannot travel as ", dataTypeName(spec.wireType),
-           " (a 16-bit wire is for float32 tensors)");
+  checkWireType(spec.type, spec.wireType);
   ConvertLaunch l;
   l.out0 = out0;
   l.out1 = out1;

@@ -127,9 +127,7 @@ void launchReduce(const ReduceLaunch& l, void* streamPtr) {
   auto stream = static_cast<cudaStream_t>(streamPtr);
   const KOp op = kernelOp(l.op);
   if (l.wireType && *l.wireType != l.type) {
-    RC_CHECK(wireTypeSupported(l.type, *l.wireType), dataTypeName(l.type),
-             " data cannot travel as ", dataTypeName(*l.wireType),
-             " (a 16-bit wire is for float32 tensors)");
+    checkWireType(l.type, *l.wireType);
     return launchWireReduce(op, l, stream);
   }
   switch (l.type) {

@@ -16,6 +16,8 @@ struct ReduceSpec {
 
 // float32 buffers may travel as float16 or bfloat16 (accumulation stays float32).
 bool wireTypeSupported(DataType type, DataType wireType);
+// Raises a user-facing error when wireTypeSupported is false.
+void checkWireType(DataType type, DataType wireType);
 
 class Reducer {
  public:
