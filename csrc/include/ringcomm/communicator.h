@@ -31,8 +31,6 @@ class Communicator {
   uint64_t sequence() const { return sequence_; }
   bool closed() const { return closed_; }
   const std::string& failure() const { return failure_; }
-  Transport& transport() { return *transport_; }
-  Reducer& reducer() { return *reducer_; }
 
   // Pointers are raw device or host addresses; counts are elements of `type`.
   // `wireType` (default: `type`) is what travels between ranks: float16 or bfloat16 under
