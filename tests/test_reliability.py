@@ -128,6 +128,27 @@ def test_mismatched_collectives_fail_on_every_rank(n, debug):
     assert any("collective mismatch" in m or "different collectives" in m for _, _, m in detecting)
 
 
+
+def uneven_slot_counts(rank, n):
+    from ringcomm import cpu_backend
+
+    # Ranks that disagree on slots per link run different waves of slice columns, so their
+    # messages arrive in another order than expected: every message names its first element,
+    # which turns that into an error instead of silently reducing the wrong slices.
+    cpu_backend.SLOT_COUNT = 4 if rank == 0 else 16
+    comm = ringcomm.Communicator(timeout=20)
+    t = torch.ones(64 * cpu_backend.SLOT_BYTES)  # many columns per chunk
+    with pytest.raises((ringcomm.MismatchError, ringcomm.PeerError)) as error:
+        comm.all_reduce(t)
+    comm.close()
+    return type(error.value).__name__, str(error.value)
+
+
+def test_ranks_with_different_slot_counts_fail_instead_of_corrupting():
+    results = launch(2, uneven_slot_counts, timeout=120)
+    assert any(kind == "MismatchError" and "at element" in message
+               for kind, message in results), results
+
 # -- bad input -----------------------------------------------------------------------------------
 
 def bad_inputs(rank, n):

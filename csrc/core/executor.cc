@@ -1,5 +1,6 @@
-// The executor: for every slice column, every step of the plan, in order. Each step is one of
-// send / recv / recvSend with an optional reduction, done in one pass over the transport's slots.
+// The executor: for every wave of slice columns, every step of the plan, in order. Each step is
+// one of send / recv / recvSend with an optional reduction, done in one pass over the transport's
+// slots.
 #include "ringcomm/executor.h"
 
 #include <algorithm>
@@ -42,20 +43,25 @@ void Executor::run(const Collective& c) {
   envelope.count = c.plan.request.count;
 
   const size_t columns = columnCount(c.plan, sliceElems);
-  for (size_t column = 0; column < columns; ++column) {
+  const size_t wave = std::max<size_t>(1, transport_.columnsPerWave());
+  for (size_t first = 0; first < columns; first += wave) {
+    const size_t end = std::min(columns, first + wave);
     for (size_t i = 0; i < c.plan.steps.size(); ++i) {
       const Step& step = c.plan.steps[i];
-      if (step.ack && column + 1 != columns) continue;
-      Range slice = sliceOf(step.range, column, sliceElems);
-      envelope.bytes = slice.count * wireSize;
-      try {
-        runStep(c, step, slice, envelope);
-      } catch (const Error& e) {
-        // Name the collective and the step: the transport only knows the peer.
-        std::string where = detail::concat(primitiveName(c.plan.request.primitive), " #",
-                                           c.sequence, " (step ", i, " of ", c.plan.steps.size(),
-                                           ", slice ", column, " of ", columns, "): ");
-        rethrowWithPrefix(e, where);
+      for (size_t column = step.ack ? columns - 1 : first; column < end; ++column) {
+        if (step.ack && end != columns) break;  // acks close the last column only
+        Range slice = sliceOf(step.range, column, sliceElems);
+        envelope.bytes = slice.count * wireSize;
+        envelope.offset = slice.offset;
+        try {
+          runStep(c, step, slice, envelope);
+        } catch (const Error& e) {
+          // Name the collective and the step: the transport only knows the peer.
+          std::string where = detail::concat(primitiveName(c.plan.request.primitive), " #",
+                                             c.sequence, " (step ", i, " of ", c.plan.steps.size(),
+                                             ", slice ", column, " of ", columns, "): ");
+          rethrowWithPrefix(e, where);
+        }
       }
     }
   }

@@ -91,7 +91,7 @@ std::string describeEnvelope(const Envelope& e) {
   return detail::concat(primitiveName(static_cast<Primitive>(e.primitive)), " #", e.sequence,
                         " (count ", e.count, ", ", dataTypeName(static_cast<DataType>(e.dataType)),
                         wire, ", ", redOpName(static_cast<RedOp>(e.op)), ", root ", e.root, ", ",
-                        e.bytes, "-byte message)");
+                        e.bytes, "-byte message at element ", e.offset, ")");
 }
 
 bool wireTypeSupported(DataType type, DataType wireType) {

@@ -3,6 +3,7 @@
 //   ShmTransport t(rank, size, options);  publish t.channelName();  t.connect(predecessorsName);
 #pragma once
 
+#include <algorithm>
 #include <string>
 
 #include "cpu/shm_channel.h"
@@ -25,6 +26,7 @@ class ShmTransport : public Transport {
   void connect(const std::string& predecessorChannel);
 
   size_t maxMessageBytes() const override { return options_.slotBytes; }
+  size_t columnsPerWave() const override { return std::max<size_t>(1, options_.slotCount / 2); }
   void* acquireSend(int peer, size_t bytes) override;
   void commitSend(int peer, const Envelope& envelope) override;
   const void* acquireRecv(int peer, const Envelope& expected) override;

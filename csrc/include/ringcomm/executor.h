@@ -1,4 +1,4 @@
-// Executor: walks a plan slice column by slice column through a Transport and a Reducer.
+// Executor: walks a plan through a Transport and a Reducer, in waves of slice columns.
 #pragma once
 
 #include <cstddef>

@@ -19,7 +19,8 @@ struct Envelope {
   int32_t root = 0;
   int32_t wireType = 0;
   uint64_t count = 0;
-  uint64_t bytes = 0;  // payload of this message
+  uint64_t bytes = 0;   // payload of this message
+  uint64_t offset = 0;  // first element it carries, in the plan's logical buffer
 
   bool sameCollective(const Envelope& other) const {
     return sequence == other.sequence && primitive == other.primitive &&
@@ -37,6 +38,11 @@ class Transport {
 
   // Largest payload of one message.
   virtual size_t maxMessageBytes() const = 0;
+  // Slice columns the executor runs each step over before the next step (1: column by column).
+  // A wave of W columns lets a rank send W messages per step without waiting for its neighbour,
+  // so ranks that share a core switch once per wave instead of once per message. The ring stays
+  // deadlock-free while W is below the messages a link can hold.
+  virtual size_t columnsPerWave() const { return 1; }
   // Room for a message of `bytes` to `peer`; waits (with the timeout) for a free slot.
   virtual void* acquireSend(int peer, size_t bytes) = 0;
   // Publishes the message written into the slot from acquireSend.
