@@ -137,6 +137,11 @@ def worker(rank, world, args, init_method):
         print(f"# memcpy ceiling (torch copy_ of 64 MiB on {device.type}{threads}): "
               f"{ceiling:.2f} GB/s\n#", flush=True)
     dist.barrier(group=ctl)
+    if device.type == "cpu":
+        # One intra-op thread per rank, as torchrun sets for several local ranks: N ranks' thread
+        # pools oversubscribe the cores, and their idle workers spin on the cores both
+        # implementations need (a 16 MiB all_reduce at 4 ranks measured up to 2.7x slower).
+        torch.set_num_threads(1)
 
     settings = harness.Settings(args.iters, args.warmup_iters, bool(args.check), args.op,
                                 args.root, args.datatype)
