@@ -43,26 +43,30 @@ void Executor::run(const Collective& c) {
   envelope.count = c.plan.request.count;
 
   const size_t columns = columnCount(c.plan, sliceElems);
+  auto runColumn = [&](size_t i, size_t column) {
+    const Step& step = c.plan.steps[i];
+    Range slice = sliceOf(step.range, column, sliceElems);
+    envelope.bytes = slice.count * wireSize;
+    envelope.offset = slice.offset;
+    try {
+      runStep(c, step, slice, envelope);
+    } catch (const Error& e) {
+      // Name the collective and the step: the transport only knows the peer.
+      std::string where = detail::concat(primitiveName(c.plan.request.primitive), " #",
+                                         c.sequence, " (step ", i, " of ", c.plan.steps.size(),
+                                         ", slice ", column, " of ", columns, "): ");
+      rethrowWithPrefix(e, where);
+    }
+  };
   const size_t wave = std::max<size_t>(1, transport_.columnsPerWave());
   for (size_t first = 0; first < columns; first += wave) {
     const size_t end = std::min(columns, first + wave);
     for (size_t i = 0; i < c.plan.steps.size(); ++i) {
-      const Step& step = c.plan.steps[i];
-      for (size_t column = step.ack ? columns - 1 : first; column < end; ++column) {
-        if (step.ack && end != columns) break;  // acks close the last column only
-        Range slice = sliceOf(step.range, column, sliceElems);
-        envelope.bytes = slice.count * wireSize;
-        envelope.offset = slice.offset;
-        try {
-          runStep(c, step, slice, envelope);
-        } catch (const Error& e) {
-          // Name the collective and the step: the transport only knows the peer.
-          std::string where = detail::concat(primitiveName(c.plan.request.primitive), " #",
-                                             c.sequence, " (step ", i, " of ", c.plan.steps.size(),
-                                             ", slice ", column, " of ", columns, "): ");
-          rethrowWithPrefix(e, where);
-        }
+      if (c.plan.steps[i].ack) {  // acks close the last column only
+        if (end == columns) runColumn(i, columns - 1);
+        continue;
       }
+      for (size_t column = first; column < end; ++column) runColumn(i, column);
     }
   }
 }
