@@ -128,7 +128,6 @@ def test_mismatched_collectives_fail_on_every_rank(n, debug):
     assert any("collective mismatch" in m or "different collectives" in m for _, _, m in detecting)
 
 
-
 def uneven_slot_counts(rank, n):
     from ringcomm import cpu_backend
 
@@ -148,6 +147,7 @@ def test_ranks_with_different_slot_counts_fail_instead_of_corrupting():
     results = launch(2, uneven_slot_counts, timeout=120)
     assert any(kind == "MismatchError" and "at element" in message
                for kind, message in results), results
+
 
 # -- bad input -----------------------------------------------------------------------------------
 

@@ -214,11 +214,9 @@ const void* ShmChannel::acquireRecv(const Envelope& expected, const WaitPolicy& 
                control_->senderPid, "send a message");
   const SlotHeader* header = slot(cursor_);
   const Envelope& got = header->envelope;
-  if (!got.sameCollective(expected) || got.bytes != expected.bytes ||
-      got.offset != expected.offset)
-    RC_THROW_AS(MismatchError, "collective mismatch: rank ", peerRank, " sent ",
-                describeEnvelope(got), " but this rank is running ", describeEnvelope(expected));
-  return header + 1;
+  if (got == expected) return header + 1;
+  RC_THROW_AS(MismatchError, "collective mismatch: rank ", peerRank, " sent ",
+              describeEnvelope(got), " but this rank is running ", describeEnvelope(expected));
 }
 
 void ShmChannel::releaseRecv() {

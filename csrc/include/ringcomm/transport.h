@@ -9,8 +9,9 @@
 
 namespace ringcomm {
 
-// Every message says which collective it belongs to, so a rank that called something different
-// is caught at its first message instead of hanging or corrupting data.
+// Every message says which collective and which slice it carries, so a rank that called something
+// different, or runs the slices in another order, is caught at its first message instead of
+// hanging or corrupting data.
 struct Envelope {
   uint64_t sequence = 0;  // collectives run so far on this communicator
   int32_t primitive = 0;
@@ -22,14 +23,16 @@ struct Envelope {
   uint64_t bytes = 0;   // payload of this message
   uint64_t offset = 0;  // first element it carries, in the plan's logical buffer
 
-  bool sameCollective(const Envelope& other) const {
+  bool operator==(const Envelope& other) const {
     return sequence == other.sequence && primitive == other.primitive &&
            dataType == other.dataType && op == other.op && root == other.root &&
-           wireType == other.wireType && count == other.count;
+           wireType == other.wireType && count == other.count && bytes == other.bytes &&
+           offset == other.offset;
   }
 };
 
-// "all_reduce #12 (count 1000, float32, sum, root 0), 4000-byte message": for error messages.
+// "all_reduce #12 (count 1000, float32, sum, root 0, 4000-byte message at element 0)": for
+// error messages.
 std::string describeEnvelope(const Envelope& envelope);
 
 class Transport {
