@@ -151,7 +151,9 @@ PYBIND11_MODULE(_C, m) {
            py::arg("rank"), py::arg("world_size"), py::arg("slot_bytes"), py::arg("slot_count"),
            py::arg("timeout"), py::arg("spins"), py::arg("yield_micros") = 2000)
       .def_property_readonly("channel_name", &ShmTransport::channelName)
-      .def("connect", &ShmTransport::connect, py::call_guard<py::gil_scoped_release>());
+      .def("connect", &ShmTransport::connect, py::arg("names"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("unlink_names", &ShmTransport::unlinkNames);
 
   using Comm = Communicator;
   auto release = py::call_guard<py::gil_scoped_release>();

@@ -29,8 +29,10 @@ def create(rendezvous, slice_bytes=None):
                                 YIELD_MICROS)
     if size > 1:
         rendezvous.publish("shm", transport.channel_name)
-        transport.connect(rendezvous.read("shm", (rank - 1) % size).decode())
-        # Each name is unlinked by the rank that attaches to it: after this, /dev/shm holds
-        # nothing of ours, whatever happens to any process.
+        # Every rank maps every channel: allgather and broadcast forward messages by reference.
+        transport.connect([rendezvous.read("shm", r).decode() for r in range(size)])
         rendezvous.barrier("shm-attached")
+        # Every rank has them mapped: after this, /dev/shm holds nothing of ours, whatever
+        # happens to any process.
+        transport.unlink_names()
     return _C.Communicator(rank, size, transport, _C.CpuReducer(), slice_bytes or SLOT_BYTES)

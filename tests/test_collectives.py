@@ -119,6 +119,30 @@ def test_every_primitive_dtype_op_and_count_is_exact(n):
     assert not failures, f"{len(failures)} wrong cases, first: " + "\n".join(failures[:10])
 
 
+def tight_slots(rank, n, slot_count):
+    import ringcomm
+    from ringcomm import cpu_backend
+
+    # Forwarded slices (all_gather, broadcast, gather, scatter) keep their slot until the last
+    # rank round the ring has read them: with few, small slots the ring must still not deadlock.
+    cpu_backend.SLOT_BYTES, cpu_backend.SLOT_COUNT = 256, slot_count
+    comm = ringcomm.Communicator(timeout=60)
+    checker = Checker(comm)
+    for count in (n - 1, 67, 1009):  # up to 16 slices of 64 elements per chunk
+        checker.reductions(count, torch.float32, "sum")
+        checker.copies(count, torch.int32)
+    comm.close()
+    return checker.failures, checker.cases
+
+
+@pytest.mark.parametrize("n,slot_count", [(3, 2), (5, 2), (5, 4)])
+def test_forwarding_with_few_small_slots_is_exact(n, slot_count):
+    results = launch(n, tight_slots, slot_count, timeout=300)
+    failures = [f for rank_failures, _ in results for f in rank_failures]
+    assert results[0][1] > 20
+    assert not failures, "\n".join(failures[:10])
+
+
 def results_with_slice(rank, n, slice_bytes):
     import ringcomm
 

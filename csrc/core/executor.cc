@@ -76,6 +76,16 @@ void Executor::runStep(const Collective& c, const Step& step, const Range& slice
   const size_t elemSize = dataTypeSize(c.spec.type);
   const bool sameType = c.spec.type == c.spec.wireType;
   char* stored = step.store ? locate(c.output, slice, elemSize, "write") : nullptr;
+  if (step.recvFrom >= 0 && step.sendTo >= 0 && !step.reduce && sameType &&
+      transport_.forwardsInPlace()) {
+    // Passed on unchanged (allgather, broadcast): forward first so the next rank can start,
+    // then keep a copy.
+    const void* incoming = transport_.acquireRecv(step.recvFrom, envelope);
+    transport_.forward(step.recvFrom, step.sendTo, envelope);
+    if (stored != nullptr) reducer_.copy(stored, nullptr, incoming, envelope.bytes);
+    transport_.releaseRecv(step.recvFrom);
+    return;
+  }
   void* outgoing = step.sendTo >= 0 ? transport_.acquireSend(step.sendTo, envelope.bytes) : nullptr;
 
   if (step.recvFrom < 0) {

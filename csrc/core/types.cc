@@ -94,6 +94,11 @@ std::string describeEnvelope(const Envelope& e) {
                         e.bytes, "-byte message at element ", e.offset, ")");
 }
 
+void Transport::forward(int from, int to, const Envelope&) {
+  RC_THROW("this transport cannot forward a message from rank ", from, " to rank ", to,
+           " in place");
+}
+
 bool wireTypeSupported(DataType type, DataType wireType) {
   return wireType == type || (type == DataType::Float32 && (wireType == DataType::Float16 ||
                                                             wireType == DataType::BFloat16));

@@ -31,8 +31,12 @@ constexpr uint64_t kMagic = 0x72696e67636f6d6dULL;  // "ringcomm"
 
 size_t slotStride(size_t slotBytes) { return sizeof(SlotHeader) + ((slotBytes + 63) / 64) * 64; }
 
+// Twice as many messages as slots: forwarding steps send messages while slots are held.
+uint32_t messageCount(uint32_t slotCount) { return 2 * slotCount; }
+
 size_t segmentBytes(size_t slotBytes, uint32_t slotCount) {
-  return sizeof(ChannelControl) + slotStride(slotBytes) * slotCount;
+  return sizeof(ChannelControl) + sizeof(Message) * messageCount(slotCount) +
+         slotStride(slotBytes) * slotCount;
 }
 
 std::string uniqueName(int ownerRank) {
@@ -90,6 +94,8 @@ ShmChannel ShmChannel::create(size_t slotBytes, uint32_t slotCount, int ownerRan
   auto* control = new (memory) ChannelControl();
   control->slotBytes = slotBytes;
   control->slotCount = slotCount;
+  control->messageCount = messageCount(slotCount);
+  control->ownerRank = ownerRank;
   control->senderPid = getpid();
   control->magic = kMagic;
   channel.control_ = control;
@@ -100,7 +106,7 @@ ShmChannel ShmChannel::attach(const std::string& name) {
   ShmChannel channel;
   channel.name_ = name;
   int fd = shm_open(name.c_str(), O_RDWR, 0600);
-  RC_CHECK(fd >= 0, "cannot open shared memory ", name, " of the previous rank: ",
+  RC_CHECK(fd >= 0, "cannot open shared memory ", name, " of another rank: ",
            std::strerror(errno), " (ranks must run on one host)");
   struct stat info {};
   fstat(fd, &info);
@@ -109,8 +115,7 @@ ShmChannel ShmChannel::attach(const std::string& name) {
                      ? mmap(nullptr, channel.mappedBytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
                      : MAP_FAILED;
   close(fd);
-  shm_unlink(name.c_str());  // both ends hold it now; the name is no longer needed
-  RC_CHECK(memory != MAP_FAILED, "cannot map shared memory ", name, " of the previous rank");
+  RC_CHECK(memory != MAP_FAILED, "cannot map shared memory ", name, " of another rank");
   channel.control_ = static_cast<ChannelControl*>(memory);
   RC_CHECK(channel.control_->magic == kMagic &&
                segmentBytes(channel.control_->slotBytes, channel.control_->slotCount) ==
@@ -128,6 +133,7 @@ ShmChannel& ShmChannel::operator=(ShmChannel&& other) noexcept {
   std::swap(mappedBytes_, other.mappedBytes_);
   std::swap(owner_, other.owner_);
   std::swap(cursor_, other.cursor_);
+  std::swap(slotCursor_, other.slotCursor_);
   return *this;
 }
 
@@ -140,8 +146,15 @@ void ShmChannel::unlinkName() {
   if (!name_.empty()) shm_unlink(name_.c_str());  // ENOENT once the peer unlinked it: fine
 }
 
+Message* ShmChannel::message(uint32_t index) const {
+  auto* first = reinterpret_cast<Message*>(reinterpret_cast<char*>(control_) +
+                                           sizeof(ChannelControl));
+  return first + index % control_->messageCount;
+}
+
 SlotHeader* ShmChannel::slot(uint32_t index) const {
-  char* first = reinterpret_cast<char*>(control_) + sizeof(ChannelControl);
+  char* first = reinterpret_cast<char*>(control_) + sizeof(ChannelControl) +
+                sizeof(Message) * control_->messageCount;
   return reinterpret_cast<SlotHeader*>(first + slotStride(control_->slotBytes) *
                                                    (index % control_->slotCount));
 }
@@ -151,31 +164,33 @@ void ShmChannel::throwIfAborted() const {
     RC_THROW_AS(PeerError, "the ring was aborted: ", control_->abortReason);
 }
 
-void ShmChannel::waitChange(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleeping,
-                            uint32_t stale, const WaitPolicy& policy, int peerRank,
-                            pid_t peerPid, const char* what) const {
-  auto changed = [&] { return word.load(std::memory_order_acquire) != stale; };
+template <typename Ready>
+void ShmChannel::waitUntil(Ready ready, std::atomic<uint32_t>& word,
+                           std::atomic<uint32_t>& sleeping, const WaitPolicy& policy,
+                           int peerRank, pid_t peerPid, const char* what) const {
   for (int i = 0; i < policy.spins; ++i) {
-    if (changed()) return;
+    if (ready()) return;
     RC_CPU_RELAX();
   }
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   const auto stopYielding = start + std::chrono::microseconds(policy.yieldMicros);
   const auto deadline = start + std::chrono::duration<double>(policy.timeoutSeconds);
-  for (int round = 0; !changed(); ++round) {
+  for (int round = 0; !ready(); ++round) {
     if ((round & 63) == 0) throwIfAborted();
     sched_yield();
     if ((round & 15) == 15 && Clock::now() > stopYielding) break;
   }
-  for (int round = 0; !changed(); ++round) {
-    // Announce the sleep before the last look, so a publisher either sees the flag or we see
-    // its update (both sides use sequentially consistent operations).
+  for (int round = 0;; ++round) {
+    // Read the word, then announce the sleep, then look once more: whoever makes us ready
+    // changes the word and then checks the flag (all sequentially consistent), so either we see
+    // it ready, or the futex sees the changed word, or it wakes us.
+    const uint32_t stale = word.load(std::memory_order_seq_cst);
     sleeping.store(1, std::memory_order_seq_cst);
-    if (changed()) break;
+    if (ready()) break;
     throwIfAborted();
     futexWait(word, stale, policy.sleepMillis);
-    if (changed()) break;
+    if (ready()) break;
     throwIfAborted();
     if ((round & 3) == 3 && !processAlive(peerPid))
       RC_THROW_AS(PeerError, "rank ", peerRank, " (process ", peerPid, ") died while this rank ",
@@ -187,17 +202,41 @@ void ShmChannel::waitChange(std::atomic<uint32_t>& word, std::atomic<uint32_t>& 
   sleeping.store(0, std::memory_order_relaxed);
 }
 
-void* ShmChannel::acquireSend(const WaitPolicy& policy, int peerRank) {
+void ShmChannel::waitForMessageRoom(const WaitPolicy& policy, int peerRank) {
   throwIfAborted();
-  const uint32_t full = cursor_ - control_->slotCount;
-  if (control_->tail.load(std::memory_order_acquire) == full)
-    waitChange(control_->tail, control_->senderSleeping, full, policy, peerRank,
-               control_->receiverPid.load(), "take a message (all slots are full)");
-  return slot(cursor_) + 1;
+  const uint32_t full = cursor_ - control_->messageCount;
+  auto room = [this, full] { return control_->consumed.load(std::memory_order_acquire) != full; };
+  if (!room())
+    waitUntil(room, control_->released, control_->senderSleeping, policy, peerRank,
+              control_->receiverPid.load(), "read a message (all messages are unread)");
+}
+
+void* ShmChannel::acquireSend(const WaitPolicy& policy, int peerRank) {
+  waitForMessageRoom(policy, peerRank);
+  const SlotHeader* next = slot(slotCursor_);
+  auto free = [next] { return next->holds.load(std::memory_order_acquire) == 0; };
+  if (!free())
+    waitUntil(free, control_->released, control_->senderSleeping, policy, peerRank,
+              control_->receiverPid.load(), "free a slot (all slots are held)");
+  return slot(slotCursor_) + 1;
 }
 
 void ShmChannel::commitSend(const Envelope& envelope) {
-  slot(cursor_)->envelope = envelope;
+  SlotHeader* header = slot(slotCursor_);
+  header->envelope = envelope;
+  header->holds.store(1, std::memory_order_relaxed);  // the receiver's; published with head
+  commitForward(envelope, control_->ownerRank, slotCursor_++);
+}
+
+void ShmChannel::acquireForward(const WaitPolicy& policy, int peerRank) {
+  waitForMessageRoom(policy, peerRank);
+}
+
+void ShmChannel::commitForward(const Envelope& envelope, int originRank, uint32_t payloadIndex) {
+  Message* next = message(cursor_);
+  next->envelope = envelope;
+  next->originRank = originRank;
+  next->payloadIndex = payloadIndex;
   ++cursor_;
   control_->head.store(cursor_, std::memory_order_seq_cst);
   if (control_->receiverSleeping.load(std::memory_order_seq_cst)) {
@@ -206,25 +245,36 @@ void ShmChannel::commitSend(const Envelope& envelope) {
   }
 }
 
-const void* ShmChannel::acquireRecv(const Envelope& expected, const WaitPolicy& policy,
-                                    int peerRank) {
+const Message& ShmChannel::acquireRecv(const Envelope& expected, const WaitPolicy& policy,
+                                       int peerRank) {
   throwIfAborted();
-  if (control_->head.load(std::memory_order_acquire) == cursor_)
-    waitChange(control_->head, control_->receiverSleeping, cursor_, policy, peerRank,
-               control_->senderPid, "send a message");
-  const SlotHeader* header = slot(cursor_);
-  const Envelope& got = header->envelope;
-  if (got == expected) return header + 1;
+  auto arrived = [this] { return control_->head.load(std::memory_order_acquire) != cursor_; };
+  if (!arrived())
+    waitUntil(arrived, control_->head, control_->receiverSleeping, policy, peerRank,
+              control_->senderPid, "send a message");
+  const Message& got = *message(cursor_);
+  if (got.envelope == expected) return got;
   RC_THROW_AS(MismatchError, "collective mismatch: rank ", peerRank, " sent ",
-              describeEnvelope(got), " but this rank is running ", describeEnvelope(expected));
+              describeEnvelope(got.envelope), " but this rank is running ",
+              describeEnvelope(expected));
 }
 
 void ShmChannel::releaseRecv() {
-  ++cursor_;
-  control_->tail.store(cursor_, std::memory_order_seq_cst);
+  control_->consumed.store(++cursor_, std::memory_order_seq_cst);
+  wakeSender();
+}
+
+void ShmChannel::hold(uint32_t index) { slot(index)->holds.fetch_add(1, std::memory_order_relaxed); }
+
+void ShmChannel::letGo(uint32_t index) {
+  if (slot(index)->holds.fetch_sub(1, std::memory_order_seq_cst) == 1) wakeSender();
+}
+
+void ShmChannel::wakeSender() {
+  control_->released.fetch_add(1, std::memory_order_seq_cst);
   if (control_->senderSleeping.load(std::memory_order_seq_cst)) {
     control_->senderSleeping.store(0, std::memory_order_relaxed);
-    futexWakeAll(control_->tail);
+    futexWakeAll(control_->released);
   }
 }
 
@@ -235,7 +285,7 @@ void ShmChannel::abort(const std::string& why) {
     control_->aborted.store(1, std::memory_order_seq_cst);
   }
   futexWakeAll(control_->head);
-  futexWakeAll(control_->tail);
+  futexWakeAll(control_->released);
 }
 
 }  // namespace ringcomm

@@ -1,7 +1,12 @@
-// One direction of a ring link in POSIX shared memory: a ring of message slots written by the
-// sender and released by the receiver. Counters are 32-bit so waiters can sleep on them with
-// futex; waits spin briefly, then sleep in short slices, checking the deadline, an abort flag
-// and whether the peer process still exists.
+// One direction of a ring link in POSIX shared memory: a ring of messages, read by the receiver
+// in order, and a ring of payload slots. A message names the payload it carries: one of this
+// channel's slots, or (a message forwarded by reference) a slot of another rank's channel. A
+// slot is read by every rank the payload is forwarded to and is free again once the last of
+// them lets go; a message is free once its receiver has read it. Forwarded payloads are held
+// for several steps, so messages have their own ring: a rank can keep forwarding while its
+// slots are held. Counters are 32-bit so waiters can sleep on them with futex; waits spin
+// briefly, then sleep in short slices, checking the deadline, an abort flag and whether the peer
+// process still exists.
 #pragma once
 
 #include <sys/types.h>
@@ -19,18 +24,28 @@ struct alignas(64) ChannelControl {
   uint64_t magic;
   uint64_t slotBytes;
   uint32_t slotCount;
+  uint32_t messageCount;
+  int32_t ownerRank;
   int32_t senderPid;
   std::atomic<int32_t> receiverPid;
   alignas(64) std::atomic<uint32_t> head;  // messages published by the sender
   std::atomic<uint32_t> receiverSleeping;
-  alignas(64) std::atomic<uint32_t> tail;  // messages released by the receiver
+  alignas(64) std::atomic<uint32_t> consumed;  // messages read by the receiver
+  std::atomic<uint32_t> released;  // messages read plus slots freed: the sender sleeps on it
   std::atomic<uint32_t> senderSleeping;
   alignas(64) std::atomic<uint32_t> aborted;
   char abortReason[512];
 };
 
-struct alignas(64) SlotHeader {
+struct alignas(64) Message {
   Envelope envelope;
+  int32_t originRank;     // whose channel holds the payload (the sender's, unless forwarded)
+  uint32_t payloadIndex;  // payload number in that channel
+};
+
+struct alignas(64) SlotHeader {
+  Envelope envelope;            // of the message that first carried the payload
+  std::atomic<uint32_t> holds;  // readers that have not let go of this slot yet
 };
 
 // How a rank waits for its neighbour: spin (the peer runs on another core), then yield (the
@@ -47,8 +62,7 @@ class ShmChannel {
  public:
   // Creates a new segment (the sending side) under a unique name.
   static ShmChannel create(size_t slotBytes, uint32_t slotCount, int ownerRank);
-  // Maps the segment a peer created (the receiving side) and unlinks its name: once both ends
-  // have it mapped, nothing is left in /dev/shm even if a process is killed.
+  // Maps the segment another rank created; its name stays until unlinkName().
   static ShmChannel attach(const std::string& name);
 
   ShmChannel() = default;
@@ -60,30 +74,46 @@ class ShmChannel {
   size_t slotBytes() const { return control_->slotBytes; }
   bool valid() const { return control_ != nullptr; }
 
-  // Sender side.
+  // Sender side: room for a payload, then its message; or a message that forwards a payload
+  // held in a channel (originRank's) by reference.
   void* acquireSend(const WaitPolicy& policy, int peerRank);
   void commitSend(const Envelope& envelope);
-  // Receiver side.
-  const void* acquireRecv(const Envelope& expected, const WaitPolicy& policy, int peerRank);
+  void acquireForward(const WaitPolicy& policy, int peerRank);
+  void commitForward(const Envelope& envelope, int originRank, uint32_t payloadIndex);
+  // Receiver side: the next message (checked against `expected`), then done with it (its
+  // payload stays held until let go).
+  const Message& acquireRecv(const Envelope& expected, const WaitPolicy& policy, int peerRank);
   void releaseRecv();
+  // Any rank that maps the channel: a payload, its header, and its reader count.
+  void* payload(uint32_t index) const { return slot(index) + 1; }
+  const SlotHeader& slotHeader(uint32_t index) const { return *slot(index); }
+  void hold(uint32_t index);
+  void letGo(uint32_t index);
 
   void abort(const std::string& why);
-  // Removes the name from /dev/shm if still there (creator's clean-up).
+  // Removes the name from /dev/shm if still there (once every rank has it mapped, and the
+  // creator's clean-up).
   void unlinkName();
 
  private:
+  Message* message(uint32_t index) const;
   SlotHeader* slot(uint32_t index) const;
-  // Waits until word != stale (sender: tail moved; receiver: head moved).
-  void waitChange(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleeping,
-                  uint32_t stale, const WaitPolicy& policy, int peerRank, pid_t peerPid,
-                  const char* what) const;
+  void waitForMessageRoom(const WaitPolicy& policy, int peerRank);
+  // Counts a read message or a freed slot, and wakes the sender if it sleeps.
+  void wakeSender();
+  // Waits until ready(); sleeps on `word`, which changes whenever ready() may have become true
+  // (sender: released; receiver: head).
+  template <typename Ready>
+  void waitUntil(Ready ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleeping,
+                 const WaitPolicy& policy, int peerRank, pid_t peerPid, const char* what) const;
   void throwIfAborted() const;
 
   std::string name_;
   ChannelControl* control_ = nullptr;
   size_t mappedBytes_ = 0;
   bool owner_ = false;
-  uint32_t cursor_ = 0;  // next message this side writes (sender) or reads (receiver)
+  uint32_t cursor_ = 0;         // next message this side writes (sender) or reads (receiver)
+  uint32_t slotCursor_ = 0;     // next payload slot the sender fills
 };
 
 }  // namespace ringcomm

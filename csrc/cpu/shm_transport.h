@@ -1,10 +1,14 @@
 // Transport between local processes over shared memory: each rank owns the channel to its ring
-// successor and maps its predecessor's. Set up in two calls around a name exchange:
-//   ShmTransport t(rank, size, options);  publish t.channelName();  t.connect(predecessorsName);
+// successor and maps every other rank's, so that a message passed on round the ring (allgather,
+// broadcast) is forwarded by reference and read where it was first written. Set up in three
+// calls around a name exchange:
+//   ShmTransport t(rank, size, options);  publish t.channelName();
+//   t.connect(everyRanksName);  barrier;  t.unlinkNames();
 #pragma once
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "cpu/shm_channel.h"
 #include "ringcomm/transport.h"
@@ -22,23 +26,34 @@ class ShmTransport : public Transport {
   ShmTransport(int rank, int worldSize, ShmOptions options);
 
   // Name of this rank's outgoing channel ("" for a single rank).
-  std::string channelName() const { return outgoing_.valid() ? outgoing_.name() : ""; }
-  void connect(const std::string& predecessorChannel);
+  std::string channelName() const;
+  // Maps every rank's channel; names[r] is rank r's channelName().
+  void connect(const std::vector<std::string>& names);
+  // Removes the names from /dev/shm once every rank has connected: from then on nothing of ours
+  // is left there, whatever happens to any process.
+  void unlinkNames();
 
   size_t maxMessageBytes() const override { return options_.slotBytes; }
   size_t columnsPerWave() const override { return std::max<size_t>(1, options_.slotCount / 2); }
+  bool forwardsInPlace() const override { return true; }
   void* acquireSend(int peer, size_t bytes) override;
   void commitSend(int peer, const Envelope& envelope) override;
   const void* acquireRecv(int peer, const Envelope& expected) override;
+  void forward(int from, int to, const Envelope& envelope) override;
   void releaseRecv(int peer) override;
   void abort(const std::string& why) override;
 
  private:
   void checkPeer(int peer, int expected, const char* role) const;
+  ShmChannel& outgoing() { return channels_[rank_]; }
+  ShmChannel& incoming() { return channels_[prev_]; }
 
   int rank_, worldSize_, next_, prev_;
   ShmOptions options_;
-  ShmChannel outgoing_, incoming_;
+  std::vector<ShmChannel> channels_;  // by owner rank: channels_[r] carries r -> r + 1
+  // Where the payload of the message acquireRecv returned lives.
+  int heldRank_ = -1;
+  uint32_t heldIndex_ = 0;
 };
 
 }  // namespace ringcomm

@@ -53,6 +53,11 @@ class Transport {
   // The next message from `peer`, which must match `expected` (same collective, same size):
   // waits (with the timeout) until it arrives, raises MismatchError when it does not match.
   virtual const void* acquireRecv(int peer, const Envelope& expected) = 0;
+  // Whether forward() can pass a received message on without copying it (shared memory: the
+  // next rank reads it where it was first written).
+  virtual bool forwardsInPlace() const { return false; }
+  // Passes the message acquired from `from` (not yet released) on to `to` unchanged.
+  virtual void forward(int from, int to, const Envelope& envelope);
   // Gives the slot of the message from acquireRecv back to `peer`.
   virtual void releaseRecv(int peer) = 0;
   // Makes every peer's pending and future waits on this transport fail promptly.
