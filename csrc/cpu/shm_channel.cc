@@ -182,9 +182,10 @@ void ShmChannel::waitUntil(Ready ready, std::atomic<uint32_t>& word,
     if ((round & 15) == 15 && Clock::now() > stopYielding) break;
   }
   for (int round = 0;; ++round) {
-    // Read the word, then announce the sleep, then look once more: whoever makes us ready
-    // changes the word and then checks the flag (all sequentially consistent), so either we see
-    // it ready, or the futex sees the changed word, or it wakes us.
+    // Read the word, then announce the sleep, then look once more. Whoever makes us ready
+    // does so, then checks the flag and, if set, moves the word and wakes us (all sequentially
+    // consistent): either we see it ready, or it sees the flag, and then the futex either sees
+    // the moved word or gets the wake.
     const uint32_t stale = word.load(std::memory_order_seq_cst);
     sleeping.store(1, std::memory_order_seq_cst);
     if (ready()) break;
@@ -271,9 +272,10 @@ void ShmChannel::letGo(uint32_t index) {
 }
 
 void ShmChannel::wakeSender() {
-  control_->released.fetch_add(1, std::memory_order_seq_cst);
+  // Only a sleeping sender needs the word to move: it set the flag before its last look.
   if (control_->senderSleeping.load(std::memory_order_seq_cst)) {
     control_->senderSleeping.store(0, std::memory_order_relaxed);
+    control_->released.fetch_add(1, std::memory_order_seq_cst);
     futexWakeAll(control_->released);
   }
 }

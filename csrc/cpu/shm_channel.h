@@ -31,7 +31,8 @@ struct alignas(64) ChannelControl {
   alignas(64) std::atomic<uint32_t> head;  // messages published by the sender
   std::atomic<uint32_t> receiverSleeping;
   alignas(64) std::atomic<uint32_t> consumed;  // messages read by the receiver
-  std::atomic<uint32_t> released;  // messages read plus slots freed: the sender sleeps on it
+  std::atomic<uint32_t> released;  // moved when a message is read or a slot freed while the
+                                   // sender sleeps: its futex word
   std::atomic<uint32_t> senderSleeping;
   alignas(64) std::atomic<uint32_t> aborted;
   char abortReason[512];
@@ -99,7 +100,7 @@ class ShmChannel {
   Message* message(uint32_t index) const;
   SlotHeader* slot(uint32_t index) const;
   void waitForMessageRoom(const WaitPolicy& policy, int peerRank);
-  // Counts a read message or a freed slot, and wakes the sender if it sleeps.
+  // After a message is read or a slot freed: wakes the sender if it sleeps.
   void wakeSender();
   // Waits until ready(); sleeps on `word`, which changes whenever ready() may have become true
   // (sender: released; receiver: head).
