@@ -4,12 +4,9 @@ import os
 from . import _C
 
 # Cache-sized slots: the reduce reads what the previous rank just wrote while it is still in
-# cache. Many of them: with more ranks than cores, a rank that gets the CPU can run far ahead
-# before it must wait. Measured on 2 cores at 64 MiB: 16 x 64 KiB beat 4 x 256 KiB by ~1.2x
-# with 2 ranks and ~1.5x with 4 (slots of 32 KiB to 1 MiB, 4 to 64 of them, were tried).
-# RINGCOMM_SHM_SLOT_BYTES fixes the size; unset, slot_bytes() picks it.
-SLOT_BYTES = int(os.environ["RINGCOMM_SHM_SLOT_BYTES"]) if "RINGCOMM_SHM_SLOT_BYTES" in os.environ else None
-SLOT_COUNT = int(os.environ.get("RINGCOMM_SHM_SLOTS", 16))
+# cache. RINGCOMM_SHM_SLOT_BYTES and RINGCOMM_SHM_SLOTS fix them; unset, slots() picks them.
+SLOT_BYTES = int(os.environ.get("RINGCOMM_SHM_SLOT_BYTES", 0)) or None
+SLOT_COUNT = int(os.environ.get("RINGCOMM_SHM_SLOTS", 0)) or None
 
 
 # How long a waiting rank yields the CPU before it sleeps on a futex (RINGCOMM_YIELD_US).
@@ -23,20 +20,27 @@ def spins(world_size):
     return 200 if world_size <= len(os.sched_getaffinity(0)) else 0
 
 
-def slot_bytes(world_size):
-    """64 KiB, or 32 KiB when ranks outnumber cores: ranks that share a core share its L2 (32 KiB
-    measured 6-8% faster with 4 ranks on 2 cores, 2-4% slower with 2). Decided from the host's
-    core count, not this process's affinity, so every rank of the ring picks the same size."""
-    if SLOT_BYTES is not None:
-        return SLOT_BYTES
-    return 64 * 1024 if world_size <= (os.cpu_count() or 1) else 32 * 1024
+def slots(world_size):
+    """(bytes, count) of each link's slots: 16 x 64 KiB, or 8 x 32 KiB when ranks outnumber
+    cores, as ranks that share a core share its L2.
+
+    Measured on 2 cores, 64 MiB fp32 allreduce. 2 ranks, separate launches: 16 x 64 KiB beat
+    4 x 256 KiB by ~1.2x (32 KiB to 1 MiB, 4 to 64 slots tried); 8 x 64 KiB was 3-5% faster at
+    64 MiB but 8-9% slower at 1 MiB. 4 ranks, two communicators alternating in one run:
+    16 x 32 KiB beat 16 x 64 KiB by 6-8%, and 8 x 32 KiB beat that by another 14-16% (1 MiB
+    within 3%). Decided from the host's core count, not this process's affinity, so every rank
+    of the ring picks the same."""
+    crowded = world_size > (os.cpu_count() or 1)
+    size = SLOT_BYTES if SLOT_BYTES is not None else (32 if crowded else 64) * 1024
+    count = SLOT_COUNT if SLOT_COUNT is not None else (8 if crowded else 16)
+    return size, count
 
 
 def create(rendezvous, slice_bytes=None):
     """A _C.Communicator over shared memory; every rank of the group calls this together."""
     rank, size = rendezvous.rank, rendezvous.world_size
-    slot = slot_bytes(size)
-    transport = _C.ShmTransport(rank, size, slot, SLOT_COUNT, rendezvous.timeout, spins(size),
+    slot, count = slots(size)
+    transport = _C.ShmTransport(rank, size, slot, count, rendezvous.timeout, spins(size),
                                 YIELD_MICROS)
     if size > 1:
         rendezvous.publish("shm", transport.channel_name)

@@ -136,7 +136,7 @@ def uneven_slot_counts(rank, n):
     # which turns that into an error instead of silently reducing the wrong slices.
     cpu_backend.SLOT_COUNT = 4 if rank == 0 else 16
     comm = ringcomm.Communicator(timeout=20)
-    t = torch.ones(64 * cpu_backend.slot_bytes(n))  # many columns per chunk
+    t = torch.ones(64 * cpu_backend.slots(n)[0])  # many columns per chunk
     with pytest.raises((ringcomm.MismatchError, ringcomm.PeerError)) as error:
         comm.all_reduce(t)
     comm.close()
