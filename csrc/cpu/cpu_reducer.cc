@@ -157,11 +157,32 @@ __attribute__((target("avx2"))) void copyTwiceAvx2(char* __restrict out0, char* 
 #endif
 
 template <typename T, typename W, typename Fn>
-void loop(T* out0, W* out1, const T* a, const W* b, size_t n, Fn fn) {
+void loopOnce(T* out0, W* out1, const T* a, const W* b, size_t n, Fn fn) {
 #if defined(__x86_64__)
   if (hasAvx2()) return loopAvx2(out0, out1, a, b, n, fn);
 #endif
   loopBody(out0, out1, a, b, n, fn);
+}
+
+template <typename T, typename W, typename Fn>
+void loop(T* out0, W* out1, const T* a, const W* b, size_t n, Fn fn) {
+  if constexpr (std::is_same_v<T, W>) {
+    if (out0 != nullptr && out1 != nullptr) {
+      // Two outputs (the rank's result and the next hop's slot): reduce an L1-sized block into
+      // out0, whose lines the loop has just read as `a` when in place, then memcpy it on.
+      // memcpy's string moves write whole lines without first reading them, which vector stores
+      // into a slot the other core last read cannot. 64 MiB fp32 allreduce, in-run A/B against
+      // one fused loop: 2 ranks 6-15% faster (5 runs), 4 ranks 1-5% (3 runs).
+      constexpr size_t kBlock = 16384 / sizeof(T);
+      for (size_t i = 0; i < n; i += kBlock) {
+        const size_t m = std::min(kBlock, n - i);
+        loopOnce(out0 + i, static_cast<W*>(nullptr), a + i, b + i, m, fn);
+        std::memcpy(out1 + i, out0 + i, m * sizeof(T));
+      }
+      return;
+    }
+  }
+  loopOnce(out0, out1, a, b, n, fn);
 }
 
 // One read of src for both destinations (an allgather hop keeps a slice and forwards it): 7-12%
