@@ -78,6 +78,8 @@ def test_survivors_of_a_killed_rank_raise_promptly_and_refuse_further_use():
     delays = [r[0] for r in results[:-1]]
     assert all(d < 5 for d in delays), f"survivors noticed after {delays} s (timeout was 60 s)"
     assert any(f"rank {n - 1}" in r[1] and "died" in r[1] for r in results[:-1]), results
+    # Only the killed rank is ever said to have died (not the rank a survivor was waiting on).
+    assert all(f"rank {n - 1} (process" in r[1] for r in results[:-1] if "died" in r[1]), results
 
 
 # -- mismatched calls ----------------------------------------------------------------------------

@@ -121,9 +121,10 @@ ShmChannel ShmChannel::attach(const std::string& name) {
                segmentBytes(channel.control_->slotBytes, channel.control_->slotCount) ==
                    channel.mappedBytes_,
            "shared memory ", name, " is not a ringcomm channel");
-  channel.control_->receiverPid.store(getpid());
   return channel;
 }
+
+void ShmChannel::claimReceiver() { control_->receiverPid.store(getpid()); }
 
 ShmChannel::ShmChannel(ShmChannel&& other) noexcept { *this = std::move(other); }
 
@@ -167,7 +168,8 @@ void ShmChannel::throwIfAborted() const {
 template <typename Ready>
 void ShmChannel::waitUntil(Ready ready, std::atomic<uint32_t>& word,
                            std::atomic<uint32_t>& sleeping, const WaitPolicy& policy,
-                           int peerRank, pid_t peerPid, const char* what) const {
+                           Peer awaited, const std::vector<Peer>& watched,
+                           const char* what) const {
   for (int i = 0; i < policy.spins; ++i) {
     if (ready()) return;
     RC_CPU_RELAX();
@@ -193,12 +195,18 @@ void ShmChannel::waitUntil(Ready ready, std::atomic<uint32_t>& word,
     futexWait(word, stale, policy.sleepMillis);
     if (ready()) break;
     throwIfAborted();
-    if ((round & 3) == 3 && !processAlive(peerPid))
-      RC_THROW_AS(PeerError, "rank ", peerRank, " (process ", peerPid, ") died while this rank ",
-                  "was waiting for it to ", what);
+    if ((round & 3) == 3) {
+      if (!processAlive(awaited.pid))
+        RC_THROW_AS(PeerError, "rank ", awaited.rank, " (process ", awaited.pid,
+                    ") died while this rank was waiting for it to ", what);
+      for (const Peer& other : watched)
+        if (!processAlive(other.pid))
+          RC_THROW_AS(PeerError, "rank ", other.rank, " (process ", other.pid,
+                      ") died while this rank was waiting for rank ", awaited.rank, " to ", what);
+    }
     if (Clock::now() > deadline)
       RC_THROW_AS(TimeoutError, "timed out after ", policy.timeoutSeconds,
-                  " s waiting for rank ", peerRank, " to ", what);
+                  " s waiting for rank ", awaited.rank, " to ", what);
   }
   sleeping.store(0, std::memory_order_relaxed);
 }
@@ -208,17 +216,20 @@ void ShmChannel::waitForMessageRoom(const WaitPolicy& policy, int peerRank) {
   const uint32_t full = cursor_ - control_->messageCount;
   auto room = [this, full] { return control_->consumed.load(std::memory_order_acquire) != full; };
   if (!room())
-    waitUntil(room, control_->released, control_->senderSleeping, policy, peerRank,
-              control_->receiverPid.load(), "read a message (all messages are unread)");
+    waitUntil(room, control_->released, control_->senderSleeping, policy,
+              Peer{peerRank, control_->receiverPid.load()}, {},
+              "read a message (all messages are unread)");
 }
 
-void* ShmChannel::acquireSend(const WaitPolicy& policy, int peerRank) {
+void* ShmChannel::acquireSend(const WaitPolicy& policy, int peerRank,
+                              const std::vector<Peer>& holders) {
   waitForMessageRoom(policy, peerRank);
   const SlotHeader* next = slot(slotCursor_);
   auto free = [next] { return next->holds.load(std::memory_order_acquire) == 0; };
   if (!free())
-    waitUntil(free, control_->released, control_->senderSleeping, policy, peerRank,
-              control_->receiverPid.load(), "free a slot (all slots are held)");
+    waitUntil(free, control_->released, control_->senderSleeping, policy,
+              Peer{peerRank, control_->receiverPid.load()}, holders,
+              "free a slot (it or a rank it forwarded them to holds them all)");
   return slot(slotCursor_) + 1;
 }
 
@@ -251,8 +262,8 @@ const Message& ShmChannel::acquireRecv(const Envelope& expected, const WaitPolic
   throwIfAborted();
   auto arrived = [this] { return control_->head.load(std::memory_order_acquire) != cursor_; };
   if (!arrived())
-    waitUntil(arrived, control_->head, control_->receiverSleeping, policy, peerRank,
-              control_->senderPid, "send a message");
+    waitUntil(arrived, control_->head, control_->receiverSleeping, policy,
+              Peer{peerRank, control_->senderPid}, {}, "send a message");
   const Message& got = *message(cursor_);
   if (got.envelope == expected) return got;
   RC_THROW_AS(MismatchError, "collective mismatch: rank ", peerRank, " sent ",

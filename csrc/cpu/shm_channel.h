@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "ringcomm/transport.h"
 
@@ -49,6 +50,12 @@ struct alignas(64) SlotHeader {
   std::atomic<uint32_t> holds;  // readers that have not let go of this slot yet
 };
 
+// A rank of the ring and its process, to check on while waiting.
+struct Peer {
+  int rank;
+  pid_t pid;
+};
+
 // How a rank waits for its neighbour: spin (the peer runs on another core), then yield (the
 // peer may need this core: with more ranks than cores that is the common case), then sleep on
 // the futex in short slices, checking the deadline, the abort flag and the peer's process.
@@ -65,6 +72,9 @@ class ShmChannel {
   static ShmChannel create(size_t slotBytes, uint32_t slotCount, int ownerRank);
   // Maps the segment another rank created; its name stays until unlinkName().
   static ShmChannel attach(const std::string& name);
+  // The receiving side records its process, for the sender's liveness checks.
+  void claimReceiver();
+  pid_t senderPid() const { return control_->senderPid; }
 
   ShmChannel() = default;
   ShmChannel(ShmChannel&& other) noexcept;
@@ -77,7 +87,8 @@ class ShmChannel {
 
   // Sender side: room for a payload, then its message; or a message that forwards a payload
   // held in a channel (originRank's) by reference.
-  void* acquireSend(const WaitPolicy& policy, int peerRank);
+  // A slot can be held by any rank its payload was forwarded to: `holders` are checked on too.
+  void* acquireSend(const WaitPolicy& policy, int peerRank, const std::vector<Peer>& holders);
   void commitSend(const Envelope& envelope);
   void acquireForward(const WaitPolicy& policy, int peerRank);
   void commitForward(const Envelope& envelope, int originRank, uint32_t payloadIndex);
@@ -104,9 +115,11 @@ class ShmChannel {
   void wakeSender();
   // Waits until ready(); sleeps on `word`, which changes whenever ready() may have become true
   // (sender: released; receiver: head).
+  // Raises PeerError if `awaited` or one of `watched` has died, naming it.
   template <typename Ready>
   void waitUntil(Ready ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleeping,
-                 const WaitPolicy& policy, int peerRank, pid_t peerPid, const char* what) const;
+                 const WaitPolicy& policy, Peer awaited, const std::vector<Peer>& watched,
+                 const char* what) const;
   void throwIfAborted() const;
 
   std::string name_;

@@ -26,8 +26,12 @@ void ShmTransport::connect(const std::vector<std::string>& names) {
   RC_CHECK(names.size() == static_cast<size_t>(worldSize_), "connect needs ", worldSize_,
            " channel names, one per rank, not ", names.size());
   RC_CHECK(names[rank_] == channelName(), "connect: names[", rank_, "] is not this rank's channel");
-  for (int r = 0; r < worldSize_; ++r)
-    if (r != rank_) channels_[r] = ShmChannel::attach(names[r]);
+  for (int r = 0; r < worldSize_; ++r) {
+    if (r == rank_) continue;
+    channels_[r] = ShmChannel::attach(names[r]);
+    others_.push_back(Peer{r, channels_[r].senderPid()});
+  }
+  incoming().claimReceiver();
 }
 
 void ShmTransport::unlinkNames() {
@@ -45,7 +49,7 @@ void* ShmTransport::acquireSend(int peer, size_t bytes) {
   checkPeer(peer, next_, "sends to");
   RC_CHECK(bytes <= options_.slotBytes, "a ", bytes, "-byte message exceeds the ",
            options_.slotBytes, "-byte slots");
-  return outgoing().acquireSend(options_.wait, peer);
+  return outgoing().acquireSend(options_.wait, peer, others_);
 }
 
 void ShmTransport::commitSend(int peer, const Envelope& envelope) {

@@ -51,6 +51,7 @@ class ShmTransport : public Transport {
   int rank_, worldSize_, next_, prev_;
   ShmOptions options_;
   std::vector<ShmChannel> channels_;  // by owner rank: channels_[r] carries r -> r + 1
+  std::vector<Peer> others_;          // every other rank: any may hold a forwarded slot
   // Where the payload of the message acquireRecv returned lives.
   int heldRank_ = -1;
   uint32_t heldIndex_ = 0;
