@@ -211,7 +211,7 @@ void ShmChannel::waitUntil(Ready ready, std::atomic<uint32_t>& word,
   sleeping.store(0, std::memory_order_relaxed);
 }
 
-void ShmChannel::waitForMessageRoom(const WaitPolicy& policy, int peerRank) {
+void ShmChannel::acquireForward(const WaitPolicy& policy, int peerRank) {
   throwIfAborted();
   const uint32_t full = cursor_ - control_->messageCount;
   auto room = [this, full] { return control_->consumed.load(std::memory_order_acquire) != full; };
@@ -223,7 +223,7 @@ void ShmChannel::waitForMessageRoom(const WaitPolicy& policy, int peerRank) {
 
 void* ShmChannel::acquireSend(const WaitPolicy& policy, int peerRank,
                               const std::vector<Peer>& holders) {
-  waitForMessageRoom(policy, peerRank);
+  acquireForward(policy, peerRank);  // a payload's message needs room too
   const SlotHeader* next = slot(slotCursor_);
   auto free = [next] { return next->holds.load(std::memory_order_acquire) == 0; };
   if (!free())
@@ -238,10 +238,6 @@ void ShmChannel::commitSend(const Envelope& envelope) {
   header->envelope = envelope;
   header->holds.store(1, std::memory_order_relaxed);  // the receiver's; published with head
   commitForward(envelope, control_->ownerRank, slotCursor_++);
-}
-
-void ShmChannel::acquireForward(const WaitPolicy& policy, int peerRank) {
-  waitForMessageRoom(policy, peerRank);
 }
 
 void ShmChannel::commitForward(const Envelope& envelope, int originRank, uint32_t payloadIndex) {

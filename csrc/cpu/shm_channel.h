@@ -110,7 +110,6 @@ class ShmChannel {
  private:
   Message* message(uint32_t index) const;
   SlotHeader* slot(uint32_t index) const;
-  void waitForMessageRoom(const WaitPolicy& policy, int peerRank);
   // After a message is read or a slot freed: wakes the sender if it sleeps.
   void wakeSender();
   // Waits until ready(); sleeps on `word`, which changes whenever ready() may have become true

@@ -64,8 +64,9 @@ const void* ShmTransport::acquireRecv(int peer, const Envelope& expected) {
            " sent a payload held by rank ", message.originRank);
   heldRank_ = message.originRank;
   heldIndex_ = message.payloadIndex;
-  RC_CHECK(channels_[heldRank_].slotHeader(heldIndex_).envelope == expected, "rank ", peer,
-           " forwarded a payload that rank ", heldRank_, " no longer holds");
+  // The message's own envelope was checked; a forwarded one must still name a held payload.
+  RC_CHECK(heldRank_ == prev_ || channels_[heldRank_].slotHeader(heldIndex_).envelope == expected,
+           "rank ", peer, " forwarded a payload that rank ", heldRank_, " no longer holds");
   return channels_[heldRank_].payload(heldIndex_);
 }
 
