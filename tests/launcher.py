@@ -2,7 +2,10 @@
 
 The function gets (rank, world_size, *args) and runs after init_process_group; its return
 value comes back to the parent. Every exit code is checked; a worker's exception is re-raised in
-the parent with the worker's traceback; a run past `timeout` kills every worker and fails."""
+the parent with the worker's traceback; a run past `timeout` kills every worker and fails.
+
+Workers are forked by default (a fraction of a second each); start_method="spawn" starts fresh
+interpreters, which a process that has used CUDA needs (then `fn` must be importable by name)."""
 import multiprocessing
 import os
 import pickle
@@ -16,8 +19,9 @@ class WorkerError(AssertionError):
     pass
 
 
-def _worker(fn, rank, world_size, store_path, results, args):
+def _worker(fn, rank, world_size, store_path, results, args, env):
     try:
+        os.environ.update(env(rank) if callable(env) else env)
         import torch.distributed as dist
 
         dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank,
@@ -34,16 +38,20 @@ def _worker(fn, rank, world_size, store_path, results, args):
         raise SystemExit(1)
 
 
-def launch(world_size, fn, *args, timeout=120, allow_exit=None):
+def launch(world_size, fn, *args, timeout=120, allow_exit=None, start_method="fork", env=None):
     """Runs fn on world_size processes; returns the list of return values by rank.
 
-    allow_exit: ranks whose process may end without reporting (killed on purpose by a test)."""
+    allow_exit: ranks whose process may end without reporting (killed on purpose by a test).
+    start_method: "fork" or "spawn" (see the module docstring).
+    env: environment variables each worker sets before anything else: a dict, or a picklable
+    function of the rank that returns one."""
     allow_exit = set(allow_exit or ())
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context(start_method)
     results = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         store_path = os.path.join(tmp, "store")
-        procs = [ctx.Process(target=_worker, args=(fn, r, world_size, store_path, results, args))
+        procs = [ctx.Process(target=_worker,
+                             args=(fn, r, world_size, store_path, results, args, env or {}))
                  for r in range(world_size)]
         for p in procs:
             p.start()

@@ -2,6 +2,7 @@
 ringcomm's ring for the buckets). Each launch costs seconds, so every launch runs several cases
 and the tests below check one case each."""
 import inspect
+import os
 
 import numpy as np
 import pytest
@@ -278,51 +279,11 @@ def _gpu_case(rank, world_size):
     return params
 
 
-def _launch_spawned(world_size, fn, timeout):
-    """launcher.launch with spawned workers: a forked child cannot use CUDA once the parent has."""
-    import multiprocessing
-    import os
-    import tempfile
-
-    import launcher
-
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    env = {"NCCL_MULTI_RANK_GPU_ENABLE": "1", "NCCL_MAX_CTAS": os.environ.get("NCCL_MAX_CTAS", "8")}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # inherited by the spawned workers
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            store = os.path.join(tmp, "store")
-            procs = [ctx.Process(target=launcher._worker,
-                                 args=(fn, r, world_size, store, results, ()))
-                     for r in range(world_size)]
-            for p in procs:
-                p.start()
-            values = {}
-            try:
-                for _ in range(world_size):
-                    rank, ok, value = results.get(timeout=timeout)
-                    assert ok, f"rank {rank} failed:\n{value}"
-                    values[rank] = value
-            finally:
-                for p in procs:
-                    p.join(timeout=10)
-                    if p.is_alive():
-                        p.kill()
-            assert [p.exitcode for p in procs] == [0] * world_size
-            return [values[r] for r in range(world_size)]
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 @pytest.mark.gpu
 def test_hooks_on_gpu():
-    runs = as_tensors(_launch_spawned(2, _gpu_case, timeout=300))
+    # spawn: a forked child cannot use CUDA once the parent has. Ranks may share one GPU.
+    env = {"NCCL_MULTI_RANK_GPU_ENABLE": "1", "NCCL_MAX_CTAS": os.environ.get("NCCL_MAX_CTAS", "8")}
+    runs = as_tensors(launch(2, _gpu_case, timeout=300, start_method="spawn", env=env))
     for params in runs:
         for stock, hooked in zip(params["stock"], params["allreduce_hook"]):
             rel = (stock - hooked).abs().max().item() / (stock.abs().max().item() or 1.0)
