@@ -19,9 +19,11 @@ from . import ddp
 from ._C import CommTimeoutError, MismatchError, PeerError, RingcommError
 from .communicator import Communicator
 from .ops import ReduceOp
+from .options import CommOptions
 from .schedule import Schedule, schedule
 
 __all__ = [
+    "CommOptions",
     "Communicator",
     "ReduceOp",
     "RingcommError",

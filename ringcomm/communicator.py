@@ -1,5 +1,4 @@
 """Communicator: ring collectives on torch tensors, numpy arrays and cupy arrays."""
-import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -7,6 +6,7 @@ import torch
 
 from . import _C, checks, cpu_backend, cuda_backend, work
 from .buffers import as_buffer, as_c_dtype
+from .options import CommOptions
 from .rendezvous import Rendezvous
 
 _P = _C.Primitive
@@ -23,6 +23,10 @@ class Communicator:
         group: a torch.distributed process group (default: the default group).
         timeout: a ``datetime.timedelta`` or seconds: the longest any wait may take
             (default: ``torch.distributed.default_pg_timeout``).
+        options: a :class:`ringcomm.CommOptions`; keywords (``slice_bytes``, ``slot_count``,
+            ``debug``, ...) override its fields. Unset fields come from ``RINGCOMM_*``
+            environment variables, else defaults; ``comm.options`` holds what was resolved.
+            Among them:
         slice_bytes: pipelining granularity (default: the transport's message size).
         debug: before every collective, compare what each rank is about to run (kind, count,
             dtype, op, root) with one small CPU all_gather and raise MismatchError on every
@@ -42,15 +46,14 @@ class Communicator:
         comm.close()
     """
 
-    def __init__(self, group=None, timeout=None, *, slice_bytes=None, debug=None, check_finite=None):
-        self._rendezvous = Rendezvous(group, timeout)
+    def __init__(self, group=None, timeout=None, *, options=None, **fields):
+        options = (options or CommOptions()).replace(timeout=timeout, **fields)
+        self._rendezvous = Rendezvous(group, options.timeout)
         self.rank = self._rendezvous.rank
         self.world_size = self._rendezvous.world_size
-        self.timeout = self._rendezvous.timeout
-        self._slice_bytes = slice_bytes
-        self.debug = _env_flag("RINGCOMM_DEBUG", ("1", "DETAIL")) if debug is None else bool(debug)
-        self.check_finite = _env_flag("RINGCOMM_CHECK_FINITE", ("1",)) if check_finite is None \
-            else bool(check_finite)
+        self.options = options.resolved(self.world_size)
+        self.timeout = self.options.timeout
+        self.debug, self.check_finite = self.options.debug, self.options.check_finite
         self._backends = {}
         self._lock = threading.Lock()
         self._worker = None  # runs async_op collectives on CPU, in order
@@ -224,9 +227,10 @@ class Communicator:
         comm = self._backends.get(key)
         if comm is None:
             if device == "cpu":
-                comm = cpu_backend.create(self._rendezvous, self._slice_bytes)
+                comm = cpu_backend.create(self._rendezvous, self.options)
             else:
-                comm = cuda_backend.create(self._rendezvous, index, self._slice_bytes)
+                comm = cuda_backend.create(self._rendezvous, index,
+                                           self.options.slice_bytes or self.options.cuda_slice_bytes)
             self._backends[key] = comm
         return comm
 
@@ -295,7 +299,3 @@ class _CpuOnly:
 
 
 _CPU_BUFFER = _CpuOnly()  # routes the checks' small all_gather to the CPU ring
-
-
-def _env_flag(name, values):
-    return os.environ.get(name, "").upper() in values

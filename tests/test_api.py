@@ -1,4 +1,7 @@
-"""The Python surface: op names, build info, async handles, the 16-bit wire, the schedule view."""
+"""The Python surface: op names, options, build info, async handles, the 16-bit wire, the schedule
+view."""
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -26,6 +29,26 @@ def test_build_info_reports_cuda_and_archs():
         assert "sm_90" in info["cuda_archs"] and info["nccl_version"].startswith("2.")
     else:
         assert info["cuda_archs"] == [] and info["nccl_version"] is None
+
+
+def test_options_resolve_explicit_then_environment_then_default(monkeypatch):
+    for name in ("RINGCOMM_SHM_SLOTS", "RINGCOMM_SHM_SLOT_BYTES", "RINGCOMM_DEBUG", "RINGCOMM_ALGO"):
+        monkeypatch.delenv(name, raising=False)
+    defaults = ringcomm.CommOptions(timeout=5).resolved(world_size=1)
+    assert (defaults.slot_count, defaults.slot_bytes, defaults.debug) == (16, 64 << 10, False)
+    assert defaults.algorithm == "ring" and defaults.timeout == 5.0
+    crowded = ringcomm.CommOptions(timeout=5).resolved(world_size=os.cpu_count() + 1)
+    assert (crowded.slot_count, crowded.slot_bytes, crowded.spins) == (8, 32 << 10, 0)
+    monkeypatch.setenv("RINGCOMM_SHM_SLOTS", "4")
+    monkeypatch.setenv("RINGCOMM_DEBUG", "detail")
+    from_env = ringcomm.CommOptions(timeout=5).resolved(world_size=1)
+    assert from_env.slot_count == 4 and from_env.debug is True
+    explicit = ringcomm.CommOptions(timeout=5, slot_count=2, debug=False).resolved(world_size=1)
+    assert explicit.slot_count == 2 and explicit.debug is False
+    assert ringcomm.CommOptions(slot_count=2).replace(slot_count=None, spins=3).slot_count == 2
+    monkeypatch.setenv("RINGCOMM_ALGO", "tree")
+    with pytest.raises(ValueError, match="unknown algorithm 'tree'"):
+        ringcomm.CommOptions(timeout=5).resolved(world_size=1)
 
 
 def test_communicator_needs_a_process_group():
@@ -97,7 +120,7 @@ def float16_sums(rank, n):
 def test_float16_arithmetic_rounds_like_torch():
     """Real-valued inputs, 2 ranks: each element is one float32 addition, rounded once to
     float16 -- whichever conversion path (F16C or portable) the CPU takes."""
-    results = launch(2, float16_sums)
+    results = launch(2, float16_sums, start_method="spawn")  # also covers the spawn path
     x0, x1 = results[0][0], results[1][0]
     expected_plain = (x0.half().float() + x1.half().float()).half()
     assert torch.equal(results[0][1], expected_plain) and torch.equal(results[1][1], expected_plain)

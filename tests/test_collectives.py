@@ -121,12 +121,10 @@ def test_every_primitive_dtype_op_and_count_is_exact(n):
 
 def tight_slots(rank, n, slot_count):
     import ringcomm
-    from ringcomm import cpu_backend
 
     # Forwarded slices (all_gather, broadcast, gather, scatter) keep their slot until the last
     # rank round the ring has read them: with few, small slots the ring must still not deadlock.
-    cpu_backend.SLOT_BYTES, cpu_backend.SLOT_COUNT = 256, slot_count
-    comm = ringcomm.Communicator(timeout=60)
+    comm = ringcomm.Communicator(timeout=60, slot_bytes=256, slot_count=slot_count)
     checker = Checker(comm)
     for count in (n - 1, 67, 1009):  # up to 16 slices of 64 elements per chunk
         checker.reductions(count, torch.float32, "sum")

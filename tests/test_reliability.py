@@ -131,14 +131,11 @@ def test_mismatched_collectives_fail_on_every_rank(n, debug):
 
 
 def uneven_slot_counts(rank, n):
-    from ringcomm import cpu_backend
-
     # Ranks that disagree on slots per link run different waves of slice columns, so their
     # messages arrive in another order than expected: every message names its first element,
     # which turns that into an error instead of silently reducing the wrong slices.
-    cpu_backend.SLOT_COUNT = 4 if rank == 0 else 16
-    comm = ringcomm.Communicator(timeout=20)
-    t = torch.ones(64 * cpu_backend.slots(n)[0])  # many columns per chunk
+    comm = ringcomm.Communicator(timeout=20, slot_count=4 if rank == 0 else 16)
+    t = torch.ones(64 * comm.options.slot_bytes)  # many columns per chunk
     with pytest.raises((ringcomm.MismatchError, ringcomm.PeerError)) as error:
         comm.all_reduce(t)
     comm.close()

@@ -1,0 +1,103 @@
+"""CommOptions: how a Communicator runs, resolved once when it is built.
+
+Each field comes from the explicit argument, else its environment variable, else its default
+(some defaults depend on the world size and the host's cores). The resolved options are handed
+to the backends; nothing reads the environment at import time.
+
+| field | environment | default |
+|---|---|---|
+| timeout | - | ``torch.distributed.default_pg_timeout`` |
+| algorithm | RINGCOMM_ALGO | ``"ring"`` (the only one so far) |
+| slice_bytes | - | the CPU transport's slot size; ``cuda_slice_bytes`` on CUDA |
+| cuda_slice_bytes | RINGCOMM_CUDA_SLICE_BYTES | 4 MiB |
+| slot_bytes | RINGCOMM_SHM_SLOT_BYTES | 64 KiB, 32 KiB when ranks outnumber the host's cores |
+| slot_count | RINGCOMM_SHM_SLOTS | 16, 8 when ranks outnumber the host's cores |
+| spins | RINGCOMM_SPINS | 200 busy polls when every rank can have a core, else 0 |
+| yield_us | RINGCOMM_YIELD_US | 2000 us of yielding before a waiter sleeps on a futex |
+| debug | RINGCOMM_DEBUG (1 or DETAIL) | off |
+| check_finite | RINGCOMM_CHECK_FINITE (1) | off |
+
+docs/design.md says how slots and slices were chosen.
+"""
+import dataclasses
+import os
+
+from .rendezvous import timeout_seconds
+
+ALGORITHMS = ("ring",)
+
+
+def _flag(*on):
+    return lambda text: text.upper() in on
+
+
+def _size(text):
+    return int(text) or None  # 0: the default
+
+
+# field: (environment variable, parser)
+_ENVIRONMENT = {
+    "algorithm": ("RINGCOMM_ALGO", str.lower),
+    "cuda_slice_bytes": ("RINGCOMM_CUDA_SLICE_BYTES", _size),
+    "slot_bytes": ("RINGCOMM_SHM_SLOT_BYTES", _size),
+    "slot_count": ("RINGCOMM_SHM_SLOTS", _size),
+    "spins": ("RINGCOMM_SPINS", int),
+    "yield_us": ("RINGCOMM_YIELD_US", int),
+    "debug": ("RINGCOMM_DEBUG", _flag("1", "DETAIL")),
+    "check_finite": ("RINGCOMM_CHECK_FINITE", _flag("1")),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class CommOptions:
+    """How a :class:`ringcomm.Communicator` runs; ``None`` means the environment, else the
+    default (see the module's table). Pass one, or its fields as keywords, to the Communicator.
+
+    Example::
+
+        comm = ringcomm.Communicator(options=ringcomm.CommOptions(slot_count=8, debug=True))
+        comm.options.slot_bytes   # resolved: 65536 on a host with a core per rank
+    """
+
+    timeout: object = None  # seconds or a datetime.timedelta
+    algorithm: str = None
+    slice_bytes: int = None  # pipelining granularity on every device
+    cuda_slice_bytes: int = None
+    slot_bytes: int = None  # CPU: bytes of one shared-memory slot (the largest message)
+    slot_count: int = None  # CPU: slots per ring link
+    spins: int = None  # CPU: busy polls before a waiting rank yields
+    yield_us: int = None  # CPU: microseconds of yielding before a waiting rank sleeps
+    debug: bool = None  # exchange a descriptor of every collective first
+    check_finite: bool = None  # look for NaN/Inf in every input first
+
+    def replace(self, **fields):
+        """A copy with the fields given that are not None replaced."""
+        return dataclasses.replace(self, **{k: v for k, v in fields.items() if v is not None})
+
+    def resolved(self, world_size):
+        """Every field set: explicit value > environment > default for `world_size` ranks."""
+        values = {}
+        for field, (name, parse) in _ENVIRONMENT.items():
+            value = getattr(self, field)
+            if value is None and os.environ.get(name):
+                value = parse(os.environ[name])
+            values[field] = value
+        crowded = world_size > (os.cpu_count() or 1)  # the host's cores: every rank agrees
+        defaults = {
+            "algorithm": "ring",
+            "cuda_slice_bytes": 4 << 20,
+            "slot_bytes": (32 if crowded else 64) * 1024,
+            "slot_count": 8 if crowded else 16,
+            # Spinning pays only when every rank can have a core to itself (this process's).
+            "spins": 200 if world_size <= len(os.sched_getaffinity(0)) else 0,
+            "yield_us": 2000,
+            "debug": False,
+            "check_finite": False,
+        }
+        for field, default in defaults.items():
+            if values[field] is None:
+                values[field] = default
+        if values["algorithm"] not in ALGORITHMS:
+            raise ValueError(f"unknown algorithm {values['algorithm']!r}; one of {ALGORITHMS}")
+        values["debug"], values["check_finite"] = bool(values["debug"]), bool(values["check_finite"])
+        return dataclasses.replace(self, timeout=timeout_seconds(self.timeout), **values)
