@@ -12,10 +12,34 @@ from sweep import DTYPES, OPS, make_input, op_valid, reduce_reference, wrong
 BIG_PRIME = 1_000_003
 BIG_CASES = [(torch.float32, "sum"), (torch.float32, "avg"), (torch.bfloat16, "sum"),
              (torch.float16, "max"), (torch.int64, "bxor"), (torch.int8, "prod")]
+VALID = [(dtype, op) for dtype in DTYPES for op in OPS if op_valid(op, dtype)]
 
 
 def counts_for(n):
     return sorted({0, 1, max(n - 1, 0), n + 1, 7, 1000})
+
+
+def one_dtype_per_op():
+    """Every op once, the dtypes taking turns, so that every dtype shows up too."""
+    cases = []
+    for i, op in enumerate(OPS):
+        valid = [dtype for dtype in DTYPES if op_valid(op, dtype)]
+        cases.append((valid[i % len(valid)], op))
+    return cases
+
+
+# World size: (dtype x op cases, counts, the copies' dtypes, big cases). Every dtype x op x
+# primitive x awkward count runs at 2, 3, 4 and 5 ranks, every big case at 2 and 3. A big
+# buffer costs O(world size) per rank, so larger worlds get one big case each, and 8 ranks on a
+# 2-core machine get one dtype per op (and every dtype's copies).
+PLANS = {
+    1: (VALID, counts_for(1), DTYPES, BIG_CASES[:1]),
+    2: (VALID, counts_for(2), DTYPES, BIG_CASES),
+    3: (VALID, counts_for(3), DTYPES, BIG_CASES),
+    4: (VALID, counts_for(4), DTYPES, [(torch.float32, "avg")]),
+    5: (VALID, counts_for(5), DTYPES, [(torch.float16, "max")]),
+    8: (one_dtype_per_op(), counts_for(8), DTYPES, [(torch.float32, "sum")]),
+}
 
 
 class Checker:
@@ -91,16 +115,15 @@ class Checker:
         self.check("numpy all_gather", torch.from_numpy(out), torch.arange(n, dtype=torch.float64).repeat_interleave(3))
 
 
-def sweep(rank, n, counts, big):
+def sweep(rank, n, cases, counts, copy_dtypes, big):
     import ringcomm
 
     comm = ringcomm.Communicator(timeout=60)
     checker = Checker(comm)
     for count in counts:
-        for dtype in DTYPES:
-            for op in OPS:
-                if op_valid(op, dtype):
-                    checker.reductions(count, dtype, op)
+        for dtype, op in cases:
+            checker.reductions(count, dtype, op)
+        for dtype in copy_dtypes:
             checker.copies(count, dtype)
     for dtype, op in big:
         checker.reductions(BIG_PRIME, dtype, op)
@@ -111,9 +134,20 @@ def sweep(rank, n, counts, big):
     return checker.failures, checker.cases
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8])
+def test_the_sweep_covers_every_dtype_op_primitive_and_awkward_count():
+    dtype_ops = {case for cases, _, _, _ in PLANS.values() for case in cases}
+    assert dtype_ops == set(VALID)
+    copied = {dtype for _, _, dtypes, _ in PLANS.values() for dtype in dtypes}
+    assert copied == set(DTYPES)
+    for n, (cases, counts, dtypes, big) in PLANS.items():
+        assert {0, 1, n + 1} <= set(counts) and big, n
+        assert n < 3 or n - 1 in counts  # fewer elements than ranks
+        assert {op for _, op in cases} == set(OPS), n
+
+
+@pytest.mark.parametrize("n", list(PLANS))
 def test_every_primitive_dtype_op_and_count_is_exact(n):
-    results = launch(n, sweep, counts_for(n), BIG_CASES, timeout=600)
+    results = launch(n, sweep, *PLANS[n], timeout=600)
     failures = [f for rank_failures, _ in results for f in rank_failures]
     assert results[0][1] > 500
     assert not failures, f"{len(failures)} wrong cases, first: " + "\n".join(failures[:10])
