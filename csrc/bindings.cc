@@ -70,41 +70,18 @@ PYBIND11_MODULE(_C, m) {
   py::register_exception<MismatchError>(m, "MismatchError", base.ptr());
   py::register_exception<PeerError>(m, "PeerError", base.ptr());
 
-  py::enum_<DataType>(m, "DataType")
-      .value("float32", DataType::Float32)
-      .value("float64", DataType::Float64)
-      .value("float16", DataType::Float16)
-      .value("bfloat16", DataType::BFloat16)
-      .value("int8", DataType::Int8)
-      .value("uint8", DataType::UInt8)
-      .value("int32", DataType::Int32)
-      .value("int64", DataType::Int64)
-      .value("bool", DataType::Bool);
-  py::enum_<RedOp>(m, "RedOp")
-      .value("sum", RedOp::Sum)
-      .value("prod", RedOp::Prod)
-      .value("min", RedOp::Min)
-      .value("max", RedOp::Max)
-      .value("avg", RedOp::Avg)
-      .value("band", RedOp::BAnd)
-      .value("bor", RedOp::BOr)
-      .value("bxor", RedOp::BXor)
-      .value("land", RedOp::LAnd)
-      .value("lor", RedOp::LOr);
-  py::enum_<Primitive>(m, "Primitive")
-      .value("all_reduce", Primitive::AllReduce)
-      .value("reduce_scatter", Primitive::ReduceScatter)
-      .value("all_gather", Primitive::AllGather)
-      .value("broadcast", Primitive::Broadcast)
-      .value("reduce", Primitive::Reduce)
-      .value("gather", Primitive::Gather)
-      .value("scatter", Primitive::Scatter);
+  // The enums from the tables in types.h: a new value there needs nothing here.
+  py::enum_<DataType> dataTypes(m, "DataType");
+  for (const DataTypeInfo& row : kDataTypes) dataTypes.value(row.name, row.type);
+  py::enum_<RedOp> redOps(m, "RedOp");
+  for (const RedOpInfo& row : kRedOps) redOps.value(row.name, row.op);
+  py::enum_<Primitive> primitives(m, "Primitive");
+  for (const PrimitiveInfo& row : kPrimitives) primitives.value(row.name, row.primitive);
 
   m.def("dtype_size", &dataTypeSize);
-  m.def("check_op", [](RedOp op, DataType type) {
-    std::string why;
-    RC_CHECK(opSupported(op, type, &why), why);
-  });
+  m.def(
+      "op_supported", [](RedOp op, DataType type) { return opSupported(op, type); },
+      py::arg("op"), py::arg("dtype"), "Whether op is defined for dtype (the table in types.h).");
   m.def("build_info", &buildInfo);
   m.def(
       "make_plan",

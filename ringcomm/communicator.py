@@ -76,7 +76,7 @@ class Communicator:
             comm.all_reduce(grad, op="avg", wire_dtype=torch.bfloat16)
         """
         buf = checks.writable(tensor, "tensor")
-        c_op = checks.reduce_op(op, buf)
+        c_op = checks.reduce_op(op)
         extra = {}
         if wire_dtype is not None and as_c_dtype(wire_dtype) != buf.c_dtype:
             extra["wire_dtype"] = as_c_dtype(wire_dtype)
@@ -95,7 +95,7 @@ class Communicator:
         checks.same_kind(out, inp)
         checks.sizes(inp.numel, out.numel * self.world_size, "input", "world_size x output")
         checks.aliasing(out, inp, inp.element_address(self.rank * out.numel))
-        c_op = checks.reduce_op(op, out)
+        c_op = checks.reduce_op(op)
         self._precheck("reduce_scatter", out, c_op, 0, inp)
         return self._run(out, "reduce_scatter", (out.address, inp.address, out.numel, out.c_dtype, c_op),
                          output, async_op)
@@ -136,7 +136,7 @@ class Communicator:
         """
         buf = checks.writable(tensor, "tensor")
         checks.root(dst, "dst", self.world_size)
-        c_op = checks.reduce_op(op, buf)
+        c_op = checks.reduce_op(op)
         self._precheck("reduce", buf, c_op, dst, buf)
         return self._run(buf, "reduce", (buf.address, buf.numel, buf.c_dtype, c_op, dst), tensor,
                          async_op)

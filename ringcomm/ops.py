@@ -4,24 +4,16 @@ import enum
 from . import _C
 
 
-class ReduceOp(enum.Enum):
-    """Reduction operators, named as in ``torch.distributed.ReduceOp``.
+# Members from the C++ op table (csrc/include/ringcomm/types.h): SUM = "sum", PROD, MIN, MAX,
+# AVG, BAND, BOR, BXOR, LAND, LOR.
+ReduceOp = enum.Enum("ReduceOp", [(name.upper(), name) for name in _C.RedOp.__members__],
+                     module=__name__, qualname="ReduceOp")
+ReduceOp.__doc__ = """Reduction operators, named as in ``torch.distributed.ReduceOp``.
 
-    Example::
+Example::
 
-        comm.all_reduce(t, op=ringcomm.ReduceOp.MAX)   # or op="max", or dist.ReduceOp.MAX
-    """
-
-    SUM = "sum"
-    PROD = "prod"
-    MIN = "min"
-    MAX = "max"
-    AVG = "avg"
-    BAND = "band"
-    BOR = "bor"
-    BXOR = "bxor"
-    LAND = "land"
-    LOR = "lor"
+    comm.all_reduce(t, op=ringcomm.ReduceOp.MAX)   # or op="max", or dist.ReduceOp.MAX
+"""
 
 
 # torch.distributed.ReduceOp member names that differ from ours.

@@ -4,16 +4,17 @@ Inputs are small integers chosen per op so that every result is exactly represen
 dtype, whatever the order of reduction: then float results must match bit for bit."""
 import torch
 
-DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
-          torch.int32, torch.int64, torch.bool]
-OPS = ["sum", "prod", "min", "max", "avg", "band", "bor", "bxor", "land", "lor"]
-FLOATS = {torch.float32, torch.float64, torch.float16, torch.bfloat16}
+from ringcomm import _C
+
+# From the C++ tables (csrc/include/ringcomm/types.h): a new op or dtype is swept once the
+# references below know it.
+DTYPES = [getattr(torch, name) for name in _C.DataType.__members__]
+OPS = list(_C.RedOp.__members__)
+FLOATS = {dtype for dtype in DTYPES if dtype.is_floating_point}
 
 
 def op_valid(op, dtype):
-    if op in ("band", "bor", "bxor", "land", "lor"):
-        return dtype not in FLOATS
-    return not (op == "avg" and dtype == torch.bool)
+    return _C.op_supported(_C.RedOp.__members__[op], _C.DataType.__members__[str(dtype)[6:]])
 
 
 def rank_values(rank, world_size, count, op, dtype, salt=0):

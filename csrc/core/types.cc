@@ -1,4 +1,4 @@
-// Names and properties of data types, ops and primitives.
+// The tables of data types, ops and primitives, and what is derived from them.
 #include "ringcomm/types.h"
 
 #include "ringcomm/error.h"
@@ -7,79 +7,57 @@
 
 namespace ringcomm {
 
+namespace {
+
+// Row of `value` in a table listed in enum order, or null for a value outside the enum.
+template <typename Row, size_t N, typename Enum>
+const Row* rowOf(const Row (&table)[N], Enum value) {
+  const auto index = static_cast<size_t>(value);
+  return index < N ? &table[index] : nullptr;
+}
+
+}  // namespace
+
 size_t dataTypeSize(DataType type) {
-  switch (type) {
-    case DataType::Float32: return 4;
-    case DataType::Float64: return 8;
-    case DataType::Float16: return 2;
-    case DataType::BFloat16: return 2;
-    case DataType::Int8: return 1;
-    case DataType::UInt8: return 1;
-    case DataType::Int32: return 4;
-    case DataType::Int64: return 8;
-    case DataType::Bool: return 1;
-  }
-  RC_THROW("unknown data type ", static_cast<int>(type));
+  const DataTypeInfo* row = rowOf(kDataTypes, type);
+  RC_CHECK(row != nullptr, "unknown data type ", static_cast<int>(type));
+  return row->size;
 }
 
 const char* dataTypeName(DataType type) {
-  switch (type) {
-    case DataType::Float32: return "float32";
-    case DataType::Float64: return "float64";
-    case DataType::Float16: return "float16";
-    case DataType::BFloat16: return "bfloat16";
-    case DataType::Int8: return "int8";
-    case DataType::UInt8: return "uint8";
-    case DataType::Int32: return "int32";
-    case DataType::Int64: return "int64";
-    case DataType::Bool: return "bool";
-  }
-  return "unknown";
+  const DataTypeInfo* row = rowOf(kDataTypes, type);
+  return row ? row->name : "unknown";
 }
 
 const char* redOpName(RedOp op) {
-  switch (op) {
-    case RedOp::Sum: return "sum";
-    case RedOp::Prod: return "prod";
-    case RedOp::Min: return "min";
-    case RedOp::Max: return "max";
-    case RedOp::Avg: return "avg";
-    case RedOp::BAnd: return "band";
-    case RedOp::BOr: return "bor";
-    case RedOp::BXor: return "bxor";
-    case RedOp::LAnd: return "land";
-    case RedOp::LOr: return "lor";
-  }
-  return "unknown";
+  const RedOpInfo* row = rowOf(kRedOps, op);
+  return row ? row->name : "unknown";
 }
 
 const char* primitiveName(Primitive primitive) {
-  switch (primitive) {
-    case Primitive::AllReduce: return "all_reduce";
-    case Primitive::ReduceScatter: return "reduce_scatter";
-    case Primitive::AllGather: return "all_gather";
-    case Primitive::Broadcast: return "broadcast";
-    case Primitive::Reduce: return "reduce";
-    case Primitive::Gather: return "gather";
-    case Primitive::Scatter: return "scatter";
-  }
-  return "unknown";
+  const PrimitiveInfo* row = rowOf(kPrimitives, primitive);
+  return row ? row->name : "unknown";
 }
 
 bool isFloatingPoint(DataType type) {
-  return type == DataType::Float32 || type == DataType::Float64 || type == DataType::Float16 ||
-         type == DataType::BFloat16;
+  const DataTypeInfo* row = rowOf(kDataTypes, type);
+  return row != nullptr && row->kind == TypeClass::Floating;
 }
 
 bool opSupported(RedOp op, DataType type, std::string* why) {
-  const bool bitwise = op == RedOp::BAnd || op == RedOp::BOr || op == RedOp::BXor ||
-                       op == RedOp::LAnd || op == RedOp::LOr;
+  const RedOpInfo* info = rowOf(kRedOps, op);
+  const DataTypeInfo* data = rowOf(kDataTypes, type);
   std::string reason;
-  if (bitwise && isFloatingPoint(type))
-    reason = detail::concat("op '", redOpName(op), "' is only defined for integer and bool ",
-                            "tensors, not ", dataTypeName(type));
-  else if (op == RedOp::Avg && type == DataType::Bool)
-    reason = "op 'avg' is not defined for bool tensors";
+  if (info == nullptr || data == nullptr) {
+    reason = detail::concat("unknown op ", static_cast<int>(op), " or data type ",
+                            static_cast<int>(type));
+  } else if (data->kind == TypeClass::Floating && !info->floating) {
+    reason = detail::concat("op '", info->name, "' is only defined for integer and bool ",
+                            "tensors, not ", data->name);
+  } else if ((data->kind == TypeClass::Integer && !info->integer) ||
+             (data->kind == TypeClass::Bool && !info->boolean)) {
+    reason = detail::concat("op '", info->name, "' is not defined for ", data->name, " tensors");
+  }
   if (why != nullptr) *why = reason;
   return reason.empty();
 }

@@ -2,13 +2,13 @@
 #include "cpu/cpu_reducer.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <type_traits>
 
 #include "cpu/half.h"
 #include "cpu/half_blocks.h"
 #include "ringcomm/error.h"
+#include "ringcomm/op_math.h"
 
 namespace ringcomm {
 namespace {
@@ -37,75 +37,9 @@ struct Codec<BHalf> {
 };
 template <>
 struct Codec<bool> {
-  using Acc = uint8_t;  // bool buffers hold 0 or 1 bytes; ops below keep them so
+  using Acc = uint8_t;  // bool buffers hold 0 or 1 bytes; opmath::boolOp keeps them so
   static uint8_t load(bool v) { return v; }
   static bool store(uint8_t v) { return v != 0; }
-};
-
-// Signed overflow wraps, as in two's complement hardware, instead of being undefined.
-template <typename A>
-A wrapAdd(A x, A y) {
-  if constexpr (std::is_integral_v<A> && std::is_signed_v<A>)
-    return static_cast<A>(static_cast<std::make_unsigned_t<A>>(x) +
-                          static_cast<std::make_unsigned_t<A>>(y));
-  else
-    return x + y;
-}
-template <typename A>
-A wrapMul(A x, A y) {
-  if constexpr (std::is_integral_v<A> && std::is_signed_v<A>)
-    return static_cast<A>(static_cast<std::make_unsigned_t<A>>(x) *
-                          static_cast<std::make_unsigned_t<A>>(y));
-  else
-    return static_cast<A>(x * y);
-}
-
-template <typename A>
-A minOf(A x, A y) {
-  if constexpr (std::is_floating_point_v<A>)
-    if (std::isnan(y)) return y;  // NaN wins, as in torch.minimum
-  return y < x ? y : x;
-}
-template <typename A>
-A maxOf(A x, A y) {
-  if constexpr (std::is_floating_point_v<A>)
-    if (std::isnan(y)) return y;
-  return y > x ? y : x;
-}
-
-template <typename T, bool kBool = std::is_same_v<T, bool>>
-struct Ops {
-  using A = typename Codec<T>::Acc;
-  // Returns op(x, y); bool maps arithmetic to logic (sum/max = or, prod/min = and).
-  static A apply(RedOp op, A x, A y) {
-    if constexpr (kBool) {
-      switch (op) {
-        case RedOp::Sum: case RedOp::Max: case RedOp::BOr: case RedOp::LOr: return x | y;
-        case RedOp::Prod: case RedOp::Min: case RedOp::BAnd: case RedOp::LAnd: return x & y;
-        case RedOp::BXor: return x ^ y;
-        default: break;
-      }
-    } else {
-      switch (op) {
-        case RedOp::Sum: case RedOp::Avg: return wrapAdd(x, y);
-        case RedOp::Prod: return wrapMul(x, y);
-        case RedOp::Min: return minOf(x, y);
-        case RedOp::Max: return maxOf(x, y);
-        default:
-          if constexpr (std::is_integral_v<A>) {
-            switch (op) {
-              case RedOp::BAnd: return x & y;
-              case RedOp::BOr: return x | y;
-              case RedOp::BXor: return x ^ y;
-              case RedOp::LAnd: return (x != 0) && (y != 0);
-              case RedOp::LOr: return (x != 0) || (y != 0);
-              default: break;
-            }
-          }
-      }
-    }
-    RC_THROW("op '", redOpName(op), "' is not supported for this data type");
-  }
 };
 
 // T: the buffer's element type (out0, a); W: the wire's (out1, b). Same type except for a
@@ -185,33 +119,19 @@ void reduceTyped(void* out0, void* out1, const void* a, const void* b, size_t n,
   auto* o1 = static_cast<W*>(out1);
   auto* x = static_cast<const T*>(a);
   auto* y = static_cast<const W*>(b);
-  const bool divide = finalize && spec.op == RedOp::Avg && spec.divisor != 1;
-  // The common ops get their own loops so the op is known at compile time.
-  switch (spec.op) {
-    case RedOp::Sum:
-      if constexpr (!std::is_same_v<T, bool>)
-        return loop(o0, o1, x, y, n, [](A p, A q) { return wrapAdd(p, q); });
-      break;
-    case RedOp::Avg:
-      if constexpr (!std::is_same_v<T, bool>) {
-        if (!divide) return loop(o0, o1, x, y, n, [](A p, A q) { return wrapAdd(p, q); });
-        const A d = static_cast<A>(spec.divisor);
-        return loop(o0, o1, x, y, n, [d](A p, A q) { return static_cast<A>(wrapAdd(p, q) / d); });
-      }
-      break;
-    case RedOp::Max:
-      if constexpr (!std::is_same_v<T, bool>)
-        return loop(o0, o1, x, y, n, [](A p, A q) { return maxOf(p, q); });
-      break;
-    case RedOp::Min:
-      if constexpr (!std::is_same_v<T, bool>)
-        return loop(o0, o1, x, y, n, [](A p, A q) { return minOf(p, q); });
-      break;
-    default:
-      break;
+  if (finalize && spec.op == RedOp::Avg && spec.divisor != 1) {
+    const A d = static_cast<A>(spec.divisor);
+    return loop(o0, o1, x, y, n, [d](A p, A q) {
+      return static_cast<A>(opmath::apply<RedOp::Sum>(p, q) / d);
+    });
   }
-  const RedOp op = spec.op;
-  loop(o0, o1, x, y, n, [op](A p, A q) { return Ops<T>::apply(op, p, q); });
+  // One loop per op, so the op is known at compile time and the loop vectorises.
+  constexpr bool kBool = std::is_same_v<T, bool>;
+  const RedOp op = kBool ? opmath::boolOp(spec.op) : opmath::arithmeticOp(spec.op);
+  const bool found = opmath::withOp<std::is_integral_v<A>>(op, [&](auto tag) {
+    loop(o0, o1, x, y, n, [](A p, A q) { return opmath::apply<decltype(tag)::value>(p, q); });
+  });
+  RC_CHECK(found, "op '", redOpName(spec.op), "' is not defined for ", dataTypeName(spec.type));
 }
 
 // float16 in a reduction: widen blocks with F16C, reduce them as float32 (the arithmetic

@@ -1,11 +1,10 @@
-// Shared by reduce_kernels.cu and wire_kernels.cu: 16-bit conversions, the reduction ops, the
-// grid-stride walk over an aligned range, and the host-side launch sizing. CUDA only; host code
-// outside csrc/cuda uses reduce_kernels.h.
+// Shared by reduce_kernels.cu and wire_kernels.cu: 16-bit conversions, the reduction ops (from
+// ringcomm/op_math.h), the grid-stride walk over an aligned range, and the host-side launch
+// sizing. CUDA only; host code outside csrc/cuda uses reduce_kernels.h.
 //
-// Arithmetic matches csrc/cpu/cpu_reducer.cc bit for bit: float16/bfloat16 are computed in
-// float32 and rounded once (round to nearest even; NaN converts as csrc/cpu/half.h converts it);
-// signed integers wrap; min/max return NaN when either side is NaN; integer AVG truncates like
-// C++ division.
+// Arithmetic matches csrc/cpu/cpu_reducer.cc bit for bit: the ops are the same code
+// (op_math.h); float16/bfloat16 are computed in float32 and rounded once (round to nearest even;
+// NaN converts as csrc/cpu/half.h converts it); integer AVG truncates like C++ division.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -19,6 +18,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/reduce_kernels.h"
+#include "ringcomm/op_math.h"
 
 namespace ringcomm::kern {
 
@@ -26,7 +26,11 @@ constexpr int kThreads = 256;
 constexpr int kBlocksPerSm = 8;  // ~60-80 registers: 2-4 blocks resident, the rest queue
 constexpr int kMaxDevices = 64;
 
-enum class KOp : int { Sum, Prod, Min, Max, BAnd, BOr, BXor, LAnd, LOr };
+// The ops and their arithmetic are ringcomm/op_math.h's, shared with the CPU reducer; KOp is
+// the op enum's old name here.
+using KOp = RedOp;
+using opmath::apply;
+using opmath::withOp;
 
 // -- element conversions: storage <-> the type arithmetic happens in ----------------------------
 template <typename T>
@@ -69,49 +73,6 @@ struct Bf16 {
 };
 
 // -- ops ----------------------------------------------------------------------------------------
-// Signed overflow is UB in C++; unsigned arithmetic gives the wrap the CPU reducer has.
-template <typename A>
-__device__ __forceinline__ A wrapAdd(A x, A y) {
-  if constexpr (std::is_integral_v<A> && std::is_signed_v<A>)
-    return static_cast<A>(static_cast<std::make_unsigned_t<A>>(x) +
-                          static_cast<std::make_unsigned_t<A>>(y));
-  else
-    return x + y;
-}
-template <typename A>
-__device__ __forceinline__ A wrapMul(A x, A y) {
-  if constexpr (std::is_integral_v<A> && std::is_signed_v<A>)
-    return static_cast<A>(static_cast<std::make_unsigned_t<A>>(x) *
-                          static_cast<std::make_unsigned_t<A>>(y));
-  else
-    return static_cast<A>(x * y);
-}
-
-template <KOp Op, typename A>
-__device__ __forceinline__ A apply(A x, A y) {
-  constexpr bool kFloat = std::is_floating_point_v<A>;
-  if constexpr (Op == KOp::Sum) return wrapAdd(x, y);
-  if constexpr (Op == KOp::Prod) return wrapMul(x, y);
-  if constexpr (Op == KOp::Min) {
-    if constexpr (kFloat)
-      if (y != y) return y;  // NaN wins (torch.minimum); x NaN survives the compare below
-    return y < x ? y : x;
-  }
-  if constexpr (Op == KOp::Max) {
-    if constexpr (kFloat)
-      if (y != y) return y;
-    return y > x ? y : x;
-  }
-  if constexpr (!kFloat) {
-    if constexpr (Op == KOp::BAnd) return x & y;
-    if constexpr (Op == KOp::BOr) return x | y;
-    if constexpr (Op == KOp::BXor) return x ^ y;
-    if constexpr (Op == KOp::LAnd) return static_cast<A>((x != 0) && (y != 0));
-    if constexpr (Op == KOp::LOr) return static_cast<A>((x != 0) || (y != 0));
-  }
-  return x;  // unreachable: the host never instantiates other combinations
-}
-
 // AVG's divide and the fused scale, applied to the op's result in the accumulation type.
 template <typename A>
 struct Epilogue {
@@ -131,33 +92,6 @@ struct Epilogue {
     return r;
   }
 };
-
-// Runs f(OpTag<op>{}) for a runtime op: the four arithmetic ops, plus the bitwise and logical
-// ones when kAll, so each caller instantiates only the kernels its types allow. False: op is
-// outside that set (the caller raises its own message).
-template <KOp Op>
-using OpTag = std::integral_constant<KOp, Op>;
-template <bool kAll, typename F>
-bool withOp(KOp op, F&& f) {
-  switch (op) {
-    case KOp::Sum: f(OpTag<KOp::Sum>{}); return true;
-    case KOp::Prod: f(OpTag<KOp::Prod>{}); return true;
-    case KOp::Min: f(OpTag<KOp::Min>{}); return true;
-    case KOp::Max: f(OpTag<KOp::Max>{}); return true;
-    default: break;
-  }
-  if constexpr (kAll) {
-    switch (op) {
-      case KOp::BAnd: f(OpTag<KOp::BAnd>{}); return true;
-      case KOp::BOr: f(OpTag<KOp::BOr>{}); return true;
-      case KOp::BXor: f(OpTag<KOp::BXor>{}); return true;
-      case KOp::LAnd: f(OpTag<KOp::LAnd>{}); return true;
-      case KOp::LOr: f(OpTag<KOp::LOr>{}); return true;
-      default: break;
-    }
-  }
-  return false;
-}
 
 // -- vectors and the grid-stride walk -------------------------------------------------------------
 // n elements: `head` scalars until every pointer is 16-byte aligned, `vecs` vectors, then a

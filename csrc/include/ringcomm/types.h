@@ -1,4 +1,5 @@
-// Data types, reduction ops and collective kinds shared by every layer.
+// Data types, reduction ops and collectives shared by every layer, each with one table of its
+// properties (types.cc) that the bindings, the checks and the tests read.
 #pragma once
 
 #include <cstddef>
@@ -32,6 +33,7 @@ enum class RedOp : int32_t {
   LOr,
 };
 
+// A collective (the schedule's steps are not called primitives: see schedule.h).
 enum class Primitive : int32_t {
   AllReduce = 0,
   ReduceScatter,
@@ -42,13 +44,79 @@ enum class Primitive : int32_t {
   Scatter,
 };
 
+enum class TypeClass { Floating, Integer, Bool };
+
+struct DataTypeInfo {
+  DataType type;
+  const char* name;  // as in torch and numpy
+  size_t size;
+  TypeClass kind;
+};
+
+// Which data types an op is defined for, by class.
+struct RedOpInfo {
+  RedOp op;
+  const char* name;  // as in torch.distributed.ReduceOp, lower case
+  bool floating, integer, boolean;
+};
+
+struct PrimitiveInfo {
+  Primitive primitive;
+  const char* name;  // as in torch.distributed
+};
+
+// Every value of each enum, in enum order (checked below).
+inline constexpr DataTypeInfo kDataTypes[] = {
+    {DataType::Float32, "float32", 4, TypeClass::Floating},
+    {DataType::Float64, "float64", 8, TypeClass::Floating},
+    {DataType::Float16, "float16", 2, TypeClass::Floating},
+    {DataType::BFloat16, "bfloat16", 2, TypeClass::Floating},
+    {DataType::Int8, "int8", 1, TypeClass::Integer},
+    {DataType::UInt8, "uint8", 1, TypeClass::Integer},
+    {DataType::Int32, "int32", 4, TypeClass::Integer},
+    {DataType::Int64, "int64", 8, TypeClass::Integer},
+    {DataType::Bool, "bool", 1, TypeClass::Bool},
+};
+
+// The one definition of which op applies to which data types.
+inline constexpr RedOpInfo kRedOps[] = {
+    // op, name, then defined for: floating, integer, bool
+    {RedOp::Sum, "sum", true, true, true},
+    {RedOp::Prod, "prod", true, true, true},
+    {RedOp::Min, "min", true, true, true},
+    {RedOp::Max, "max", true, true, true},
+    {RedOp::Avg, "avg", true, true, false},
+    {RedOp::BAnd, "band", false, true, true},
+    {RedOp::BOr, "bor", false, true, true},
+    {RedOp::BXor, "bxor", false, true, true},
+    {RedOp::LAnd, "land", false, true, true},
+    {RedOp::LOr, "lor", false, true, true},
+};
+
+inline constexpr PrimitiveInfo kPrimitives[] = {
+    {Primitive::AllReduce, "all_reduce"}, {Primitive::ReduceScatter, "reduce_scatter"},
+    {Primitive::AllGather, "all_gather"}, {Primitive::Broadcast, "broadcast"},
+    {Primitive::Reduce, "reduce"},        {Primitive::Gather, "gather"},
+    {Primitive::Scatter, "scatter"},
+};
+
+template <typename Row, size_t N, typename Key>
+constexpr bool inEnumOrder(const Row (&table)[N], Key key) {
+  for (size_t i = 0; i < N; ++i)
+    if (static_cast<size_t>(key(table[i])) != i) return false;
+  return true;
+}
+static_assert(inEnumOrder(kDataTypes, [](const DataTypeInfo& r) { return r.type; }));
+static_assert(inEnumOrder(kRedOps, [](const RedOpInfo& r) { return r.op; }));
+static_assert(inEnumOrder(kPrimitives, [](const PrimitiveInfo& r) { return r.primitive; }));
+
 size_t dataTypeSize(DataType type);
 const char* dataTypeName(DataType type);
 const char* redOpName(RedOp op);
 const char* primitiveName(Primitive primitive);
 
 bool isFloatingPoint(DataType type);
-// Whether `op` is defined for `type`; when not, `why` says so in a sentence.
+// Whether `op` is defined for `type` (kRedOps); when not, `why` says so in a sentence.
 bool opSupported(RedOp op, DataType type, std::string* why = nullptr);
 
 }  // namespace ringcomm
