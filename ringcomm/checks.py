@@ -3,7 +3,6 @@ so a bad call on one rank leaves every buffer untouched and the ring in step."""
 import numpy as np
 import torch
 
-from . import _C
 from .buffers import as_buffer
 from .ops import to_c_op
 
@@ -63,10 +62,3 @@ def first_non_finite(buf):
         return int(bad[0]) if bad.size else -1
     bad = np.flatnonzero(~np.isfinite(np.asarray(source).reshape(-1)))
     return int(bad[0]) if bad.size else -1
-
-
-def describe_row(row):
-    """(collective, count, dtype, op, root) from a debug-mode descriptor row."""
-    kind, count, dtype, op, root_rank = row[:5]
-    op_name = "-" if op < 0 else _C.RedOp(op).name
-    return (_C.Primitive(kind).name, count, _C.DataType(dtype).name, op_name, root_rank)

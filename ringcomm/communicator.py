@@ -80,7 +80,7 @@ class Communicator:
         extra = {}
         if wire_dtype is not None and as_c_dtype(wire_dtype) != buf.c_dtype:
             extra["wire_dtype"] = as_c_dtype(wire_dtype)
-        self._precheck("all_reduce", buf, c_op, 0, buf)
+        self._precheck("all_reduce", buf, c_op, 0, buf, extra.get("wire_dtype"))
         return self._run(buf, "all_reduce", (buf.address, buf.numel, buf.c_dtype, c_op), tensor,
                          async_op, **extra)
 
@@ -234,30 +234,28 @@ class Communicator:
             self._backends[key] = comm
         return comm
 
-    def _precheck(self, name, buf, c_op, root, data):
+    def _precheck(self, name, buf, c_op, root, data, wire_dtype=None):
         """Debug and NaN/Inf checks: one small all_gather over the CPU ring, so that every rank
-        reaches the same verdict and raises together instead of leaving its peers waiting."""
+        reaches the same verdict and raises together instead of leaving its peers waiting.
+        Ranks compare the header the C++ messages carry (_C.collective_header)."""
         if not (self.debug or self.check_finite):
             return
         if self._last is not None:
             self._last.result()  # queued async collectives use the ring first
         first_bad = checks.first_non_finite(data) if self.check_finite and data is not None else -1
-        kind = _C.Primitive.__members__[name]
-        mine = torch.tensor([int(kind), buf.numel, int(buf.c_dtype),
-                             -1 if c_op is None else int(c_op), root, first_bad], dtype=torch.int64)
+        # Collectives without an op carry SUM in their messages' headers.
+        header = _C.collective_header(_P.__members__[name], buf.numel, buf.c_dtype,
+                                      _C.RedOp.sum if c_op is None else c_op, root, wire_dtype)
+        mine = torch.tensor(header + [first_bad], dtype=torch.int64)
         everyone = torch.empty(self.world_size * mine.numel(), dtype=torch.int64)
         self._call(_CPU_BUFFER, "all_gather", (everyone.data_ptr(), mine.data_ptr(), mine.numel(),
                                                 _C.DataType.int64), {})
         rows = everyone.view(self.world_size, -1).tolist()
-        if self.debug:
-            fields = ("collective", "count", "dtype", "op", "root")
-            differ = [r for r in range(self.world_size) if rows[r][:5] != rows[self.rank][:5]]
-            if differ:
-                described = "; ".join(
-                    f"rank {r}: " + ", ".join(f"{f}={v}" for f, v in zip(fields, checks.describe_row(rows[r])))
-                    for r in range(self.world_size))
-                raise _C.MismatchError(f"{name}: ranks called different collectives ({described})")
-        bad = [(r, row[5]) for r, row in enumerate(rows) if row[5] >= 0]
+        if self.debug and any(row[:-1] != header for row in rows):
+            described = "; ".join(f"rank {r}: {_C.describe_collective(row[:-1])}"
+                                  for r, row in enumerate(rows))
+            raise _C.MismatchError(f"{name}: ranks called different collectives ({described})")
+        bad = [(r, row[-1]) for r, row in enumerate(rows) if row[-1] >= 0]
         if bad:
             where = ", ".join(f"rank {r} at index {i}" for r, i in bad)
             raise FloatingPointError(f"{name}: NaN or Inf in the input of {where}")

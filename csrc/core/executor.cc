@@ -33,14 +33,10 @@ void Executor::run(const Collective& c) {
            "-byte element does not fit the transport's messages");
   const size_t wireSize = dataTypeSize(c.spec.wireType);
 
-  Envelope envelope;
+  Envelope envelope = collectiveHeader(c.plan.request.primitive, c.plan.request.count,
+                                       c.spec.type, c.spec.op, c.plan.request.root,
+                                       c.spec.wireType);
   envelope.sequence = c.sequence;
-  envelope.primitive = static_cast<int32_t>(c.plan.request.primitive);
-  envelope.dataType = static_cast<int32_t>(c.spec.type);
-  envelope.op = static_cast<int32_t>(c.spec.op);
-  envelope.root = c.plan.request.root;
-  envelope.wireType = static_cast<int32_t>(c.spec.wireType);
-  envelope.count = c.plan.request.count;
 
   const size_t columns = columnCount(c.plan, sliceElems);
   auto runColumn = [&](size_t i, size_t column) {

@@ -62,14 +62,40 @@ bool opSupported(RedOp op, DataType type, std::string* why) {
   return reason.empty();
 }
 
-std::string describeEnvelope(const Envelope& e) {
+Envelope collectiveHeader(Primitive primitive, uint64_t count, DataType type, RedOp op, int root,
+                          DataType wireType) {
+  Envelope e;
+  e.primitive = static_cast<int32_t>(primitive);
+  e.dataType = static_cast<int32_t>(type);
+  e.op = static_cast<int32_t>(op);
+  e.root = root;
+  e.wireType = static_cast<int32_t>(wireType);
+  e.count = count;
+  return e;
+}
+
+namespace {
+
+// "count 1000, float32, sum, root 0", with the wire type when it differs.
+std::string headerFields(const Envelope& e) {
   std::string wire;
   if (e.wireType != e.dataType)
     wire = detail::concat(" on a ", dataTypeName(static_cast<DataType>(e.wireType)), " wire");
+  return detail::concat("count ", e.count, ", ", dataTypeName(static_cast<DataType>(e.dataType)),
+                        wire, ", ", redOpName(static_cast<RedOp>(e.op)), ", root ", e.root);
+}
+
+}  // namespace
+
+std::string describeCollective(const Envelope& e) {
+  return detail::concat(primitiveName(static_cast<Primitive>(e.primitive)), " (",
+                        headerFields(e), ")");
+}
+
+std::string describeEnvelope(const Envelope& e) {
   return detail::concat(primitiveName(static_cast<Primitive>(e.primitive)), " #", e.sequence,
-                        " (count ", e.count, ", ", dataTypeName(static_cast<DataType>(e.dataType)),
-                        wire, ", ", redOpName(static_cast<RedOp>(e.op)), ", root ", e.root, ", ",
-                        e.bytes, "-byte message at element ", e.offset, ")");
+                        " (", headerFields(e), ", ", e.bytes, "-byte message at element ",
+                        e.offset, ")");
 }
 
 void Transport::forward(int from, int to, const Envelope&) {

@@ -116,6 +116,14 @@ const char* redOpName(RedOp op);
 const char* primitiveName(Primitive primitive);
 
 bool isFloatingPoint(DataType type);
+
+struct Envelope;  // transport.h
+// The header every message of one collective carries (sequence, bytes and offset left 0): the
+// executor's and the debug-mode descriptor's single source.
+Envelope collectiveHeader(Primitive primitive, uint64_t count, DataType type, RedOp op, int root,
+                          DataType wireType);
+// "all_reduce (count 1000, float32, sum, root 0)": the collective an envelope belongs to.
+std::string describeCollective(const Envelope& envelope);
 // Whether `op` is defined for `type` (kRedOps); when not, `why` says so in a sentence.
 bool opSupported(RedOp op, DataType type, std::string* why = nullptr);
 
