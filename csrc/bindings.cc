@@ -111,28 +111,10 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("primitive"), py::arg("rank"), py::arg("world_size"), py::arg("count"),
       py::arg("root") = 0);
-  m.def(
-      "column_count",
-      [](Primitive primitive, int worldSize, size_t count, size_t sliceElems) {
-        return columnCount(makePlan({primitive, 0, worldSize, count, 0}), sliceElems);
-      },
-      py::arg("primitive"), py::arg("world_size"), py::arg("count"), py::arg("slice_elems"));
-
   py::class_<Transport, std::shared_ptr<Transport>>(m, "Transport")
       .def("abort", &Transport::abort)
       .def_property_readonly("max_message_bytes", &Transport::maxMessageBytes);
-  py::class_<Reducer, std::shared_ptr<Reducer>> reducer(m, "Reducer");
-  reducer.def(
-      "reduce",
-      [](Reducer& self, uintptr_t out0, uintptr_t out1, uintptr_t a, uintptr_t b, size_t n,
-         DataType type, RedOp op, int divisor, bool finalize, std::optional<DataType> wire) {
-        self.reduce(address(out0), address(out1), address(a), address(b), n,
-                    ReduceSpec{type, op, divisor, wire.value_or(type)}, finalize);
-      },
-      py::arg("out0"), py::arg("out1"), py::arg("a"), py::arg("b"), py::arg("n"),
-      py::arg("dtype"), py::arg("op"), py::arg("divisor") = 1, py::arg("finalize") = false,
-      py::arg("wire_dtype") = py::none(),
-      py::call_guard<py::gil_scoped_release>());
+  py::class_<Reducer, std::shared_ptr<Reducer>>(m, "Reducer");
   py::class_<CpuReducer, Reducer, std::shared_ptr<CpuReducer>>(m, "CpuReducer").def(py::init<>());
 
   py::class_<ShmTransport, Transport, std::shared_ptr<ShmTransport>>(m, "ShmTransport")
@@ -213,6 +195,25 @@ PYBIND11_MODULE(_C, m) {
           },
           release)
       .def("close", &Comm::close, release);
+
+  // Entry points that only tests and benchmarks call, kept out of the package's surface.
+  py::module_ testing = m.def_submodule("testing", "entry points for tests only");
+  testing.def(
+      "column_count",
+      [](Primitive primitive, int worldSize, size_t count, size_t sliceElems) {
+        return columnCount(makePlan({primitive, 0, worldSize, count, 0}), sliceElems);
+      },
+      py::arg("primitive"), py::arg("world_size"), py::arg("count"), py::arg("slice_elems"));
+  testing.def(
+      "cpu_reduce",
+      [](uintptr_t out0, uintptr_t out1, uintptr_t a, uintptr_t b, size_t n, DataType type,
+         RedOp op, int divisor, bool finalize, std::optional<DataType> wire) {
+        CpuReducer().reduce(address(out0), address(out1), address(a), address(b), n,
+                            ReduceSpec{type, op, divisor, wire.value_or(type)}, finalize);
+      },
+      py::arg("out0"), py::arg("out1"), py::arg("a"), py::arg("b"), py::arg("n"),
+      py::arg("dtype"), py::arg("op"), py::arg("divisor") = 1, py::arg("finalize") = false,
+      py::arg("wire_dtype") = py::none(), py::call_guard<py::gil_scoped_release>());
 
 #ifdef RINGCOMM_WITH_CUDA
   bindCuda(m);

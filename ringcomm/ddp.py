@@ -26,7 +26,7 @@ import torch.distributed as dist
 from .communicator import Communicator
 from .schedule import schedule
 
-__all__ = ["HookState", "allreduce_hook", "bf16_hook", "compress_hook_reference", "fp16_hook"]
+__all__ = ["HookState", "allreduce_hook", "bf16_hook", "fp16_hook"]
 
 
 class HookState:
@@ -142,8 +142,8 @@ def fp16_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tens
 
 
 def compress_hook_reference(per_rank, dtype):
-    """What torch's ``fp16_compress_hook``/``bf16_compress_hook`` compute, for comparing
-    accuracy without NCCL: each rank casts its bucket to ``dtype`` and divides by the world size
+    """Not a hook (and not in ``__all__``): what torch's ``fp16_compress_hook`` and
+    ``bf16_compress_hook`` compute, for comparing accuracy without NCCL: each rank casts its bucket to ``dtype`` and divides by the world size
     in 16 bits, then the ring sums in 16 bits, rounding at every hop (chunk c starts at rank
     c+1 and ends at rank c, as in ringcomm's schedule). ``per_rank``: (world_size, n) float32.
 

@@ -231,6 +231,7 @@ def test_16bit_hook_beats_torch_compress_hook(wire_runs, name):
 # -- without processes --------------------------------------------------------------------------
 
 def test_hooks_pass_ddp_checks():
+    assert set(ringcomm.ddp.__all__) == {"HookState", "allreduce_hook", "bf16_hook", "fp16_hook"}
     for hook in (ringcomm.ddp.allreduce_hook, ringcomm.ddp.bf16_hook, ringcomm.ddp.fp16_hook):
         sig = inspect.signature(hook)
         assert list(sig.parameters) == ["state", "bucket"]

@@ -2,7 +2,8 @@
 //
 // A plan works on a logical buffer of `chunkCount * worldSize`-ish elements cut into worldSize
 // chunks (or, for broadcast and reduce, one range: the whole buffer). Every step is one of NCCL's
-// ring primitives, described by flags:
+// ring step kinds (send, recv, recvReduceSend, ...; a Primitive is a collective), described by
+// flags:
 //   value = recvFrom >= 0 ? (reduce ? op(buf[range], received) : received) : buf[range]
 //   if finalize: value = postOp(value)        (AVG's division, applied once per element)
 //   if store:    buf[range] = value
