@@ -100,7 +100,7 @@ def _ringcomm_impl(comm, args, device):
 
 
 def _share_gpu(rank):
-    """More ranks than GPUs: NCCL refuses two ranks on one GPU unless told (FIELD-NOTES)."""
+    """More ranks than GPUs: NCCL refuses two ranks on one GPU unless told (docs/design.md)."""
     if torch.cuda.nccl.version() >= (2, 30, 0):
         os.environ.setdefault("NCCL_MULTI_RANK_GPU_ENABLE", "1")
     else:  # older NCCL: make each rank look like its own host, talking over loopback sockets
