@@ -8,11 +8,10 @@ import torch
 
 from . import _C
 
-_NUMPY_DTYPES = {
-    "float32": "float32", "float64": "float64", "float16": "float16", "bfloat16": "bfloat16",
-    "int8": "int8", "uint8": "uint8", "int32": "int32", "int64": "int64", "bool": "bool",
-}
-_TORCH_DTYPES = {getattr(torch, name): name for name in _NUMPY_DTYPES}
+# The C++ table's names (csrc/include/ringcomm/types.h) are torch's and numpy's names too.
+_C_DTYPES = dict(_C.DataType.__members__)
+_ITEMSIZES = {name: _C.dtype_size(c) for name, c in _C_DTYPES.items()}
+_TORCH_DTYPES = {getattr(torch, name): name for name in _C_DTYPES}
 _TYPESTR_DTYPES = {"<f4": "float32", "<f8": "float64", "<f2": "float16", "|i1": "int8",
                    "|u1": "uint8", "<i4": "int32", "<i8": "int64", "|b1": "bool"}
 
@@ -47,12 +46,8 @@ class Buffer:
         return self.address < other.address + other.nbytes and other.address < self.address + self.nbytes
 
 
-_C_DTYPES = {name: _C.DataType.__members__[name] for name in _NUMPY_DTYPES}
-_ITEMSIZES = {name: _C.dtype_size(c) for name, c in _C_DTYPES.items()}
-
-
 def _unsupported(what, dtype):
-    names = ", ".join(_NUMPY_DTYPES)
+    names = ", ".join(_C_DTYPES)
     return TypeError(f"{what} has dtype {dtype}, which ringcomm does not support (use one of {names})")
 
 
@@ -70,7 +65,7 @@ def _from_torch(t, what):
 
 
 def _from_numpy(a, what):
-    dtype = _NUMPY_DTYPES.get(a.dtype.name)
+    dtype = a.dtype.name if a.dtype.name in _C_DTYPES else None
     if dtype is None:
         raise _unsupported(what, a.dtype)
     if not a.flags.c_contiguous:
