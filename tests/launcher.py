@@ -38,6 +38,20 @@ def _worker(fn, rank, world_size, store_path, results, args, env):
         raise SystemExit(1)
 
 
+def shared_gpu_env(rank):
+    """Environment that lets several ranks share one GPU, for launch(env=shared_gpu_env): NCCL
+    refuses it before 2.30 unless each rank looks like its own host (docs/design.md)."""
+    from ringcomm import _C, cuda_backend
+
+    env = {"NCCL_MAX_CTAS": os.environ.get("NCCL_MAX_CTAS", "8")}
+    _, version = _C.nccl_library(cuda_backend.nccl_library_hint())
+    if version >= 23000:
+        env["NCCL_MULTI_RANK_GPU_ENABLE"] = "1"
+    else:  # ranks then talk over loopback sockets
+        env.update(NCCL_HOSTID=f"ringcomm-test-{rank}", NCCL_SOCKET_IFNAME="lo")
+    return env
+
+
 def launch(world_size, fn, *args, timeout=120, allow_exit=None, start_method="fork", env=None):
     """Runs fn on world_size processes; returns the list of return values by rank.
 

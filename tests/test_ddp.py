@@ -2,7 +2,6 @@
 ringcomm's ring for the buckets). Each launch costs seconds, so every launch runs several cases
 and the tests below check one case each."""
 import inspect
-import os
 
 import numpy as np
 import pytest
@@ -13,7 +12,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ringcomm
 import ringcomm.ddp
-from launcher import launch
+from launcher import launch, shared_gpu_env
 
 STEPS = 20
 WIRE = {"bf16_hook": torch.bfloat16, "fp16_hook": torch.float16}
@@ -283,8 +282,7 @@ def _gpu_case(rank, world_size):
 @pytest.mark.gpu
 def test_hooks_on_gpu():
     # spawn: a forked child cannot use CUDA once the parent has. Ranks may share one GPU.
-    env = {"NCCL_MULTI_RANK_GPU_ENABLE": "1", "NCCL_MAX_CTAS": os.environ.get("NCCL_MAX_CTAS", "8")}
-    runs = as_tensors(launch(2, _gpu_case, timeout=300, start_method="spawn", env=env))
+    runs = as_tensors(launch(2, _gpu_case, timeout=300, start_method="spawn", env=shared_gpu_env))
     for params in runs:
         for stock, hooked in zip(params["stock"], params["allreduce_hook"]):
             rel = (stock - hooked).abs().max().item() / (stock.abs().max().item() or 1.0)
