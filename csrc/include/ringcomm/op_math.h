@@ -4,6 +4,8 @@
 // 0 or 1, AVG adds here and divides once in the caller's epilogue.
 #pragma once
 
+#include <cstddef>
+#include <iterator>
 #include <type_traits>
 #include <utility>
 
@@ -78,29 +80,34 @@ constexpr RedOp boolOp(RedOp op) {
 template <RedOp Op>
 using OpTag = std::integral_constant<RedOp, Op>;
 
+namespace detail {
+
+// f(OpTag<kRedOps[I].op>) when that op combines values of the class kIntegral picks (AVG is
+// SUM's loop, see arithmeticOp); false otherwise.
+template <bool kIntegral, size_t I, typename F>
+bool callIfCombines(F& f) {
+  constexpr RedOpInfo row = kRedOps[I];
+  if constexpr (row.op != RedOp::Avg && (kIntegral ? row.integer : row.floating)) {
+    f(OpTag<row.op>{});
+    return true;
+  } else {
+    return false;
+  }
+}
+
+template <bool kIntegral, typename F, size_t... I>
+bool withOpOf(RedOp op, F& f, std::index_sequence<I...>) {
+  return ((kRedOps[I].op == op && callIfCombines<kIntegral, I>(f)) || ...);
+}
+
+}  // namespace detail
+
 // Runs f(OpTag<op>{}) for a runtime op, so that callers instantiate one loop or kernel per op:
-// SUM, PROD, MIN, MAX, plus the bitwise and logical ops when kAll (AVG: see arithmeticOp).
-// False when op is outside that set. Host code.
-template <bool kAll, typename F>
+// every op kRedOps defines for integers when kIntegral, for floating types otherwise (AVG: see
+// arithmeticOp). False when op is outside that set. Host code.
+template <bool kIntegral, typename F>
 bool withOp(RedOp op, F&& f) {
-  switch (op) {
-    case RedOp::Sum: f(OpTag<RedOp::Sum>{}); return true;
-    case RedOp::Prod: f(OpTag<RedOp::Prod>{}); return true;
-    case RedOp::Min: f(OpTag<RedOp::Min>{}); return true;
-    case RedOp::Max: f(OpTag<RedOp::Max>{}); return true;
-    default: break;
-  }
-  if constexpr (kAll) {
-    switch (op) {
-      case RedOp::BAnd: f(OpTag<RedOp::BAnd>{}); return true;
-      case RedOp::BOr: f(OpTag<RedOp::BOr>{}); return true;
-      case RedOp::BXor: f(OpTag<RedOp::BXor>{}); return true;
-      case RedOp::LAnd: f(OpTag<RedOp::LAnd>{}); return true;
-      case RedOp::LOr: f(OpTag<RedOp::LOr>{}); return true;
-      default: break;
-    }
-  }
-  return false;
+  return detail::withOpOf<kIntegral>(op, f, std::make_index_sequence<std::size(kRedOps)>{});
 }
 
 }  // namespace ringcomm::opmath
