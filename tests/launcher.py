@@ -19,6 +19,11 @@ class WorkerError(AssertionError):
     pass
 
 
+# Every worker process started so far, so that a test can tell its own processes' traces (e.g.
+# shared-memory names, which carry the creator's pid) from those of other runs on the machine.
+started_pids = []
+
+
 def _worker(fn, rank, world_size, store_path, results, args, env):
     try:
         os.environ.update(env(rank) if callable(env) else env)
@@ -69,6 +74,7 @@ def launch(world_size, fn, *args, timeout=120, allow_exit=None, start_method="fo
                  for r in range(world_size)]
         for p in procs:
             p.start()
+            started_pids.append(p.pid)
         values, failures = {}, []
         deadline = time.monotonic() + timeout
         while len(values) + len(failures) < world_size - len(allow_exit):
