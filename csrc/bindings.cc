@@ -108,11 +108,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("build_info", &buildInfo);
   m.def(
       "make_plan",
-      [](Primitive primitive, int rank, int worldSize, size_t count, int root) {
-        return planToDict(makePlan({primitive, rank, worldSize, count, root}));
+      [](Primitive primitive, int rank, int worldSize, size_t count, int root,
+         std::optional<DataType> type, std::optional<DataType> wire) {
+        // With a dtype, the plan the communicator runs (chunks aligned for that dtype);
+        // without, the unaligned split.
+        size_t align = type ? chunkAlignment(*type, wire.value_or(*type)) : 1;
+        return planToDict(makePlan({primitive, rank, worldSize, count, root, align}));
       },
       py::arg("primitive"), py::arg("rank"), py::arg("world_size"), py::arg("count"),
-      py::arg("root") = 0);
+      py::arg("root") = 0, py::arg("dtype") = py::none(), py::arg("wire_dtype") = py::none());
   m.def(
       "column_count",
       [](Primitive primitive, int worldSize, size_t count, size_t sliceElems) {

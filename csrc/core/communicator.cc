@@ -74,7 +74,8 @@ void Communicator::allReduce(void* data, size_t count, DataType type, RedOp op,
                              DataType wireType) {
   checkUsable();
   Collective c;
-  c.plan = makePlan({Primitive::AllReduce, rank_, worldSize_, count, 0});
+  c.plan = makePlan(
+      {Primitive::AllReduce, rank_, worldSize_, count, 0, chunkAlignment(type, wireType)});
   c.input = c.output = view(data, 0, count);
   run(c, op, type, wireType);
 }

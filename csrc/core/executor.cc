@@ -28,7 +28,10 @@ void Executor::run(const Collective& c) {
   const size_t elemSize =
       std::max(dataTypeSize(c.spec.type), dataTypeSize(c.spec.wireType));
   size_t sliceBytes = std::min(sliceBytes_, transport_.maxMessageBytes());
-  const size_t sliceElems = std::max<size_t>(1, sliceBytes / elemSize);
+  size_t sliceElems = std::max<size_t>(1, sliceBytes / elemSize);
+  // Slices start where chunks do: on 16-byte boundaries, whenever a slice holds that much.
+  const size_t align = c.plan.request.alignElems;
+  if (sliceElems > align) sliceElems -= sliceElems % align;
   RC_CHECK(sliceElems * elemSize <= transport_.maxMessageBytes(), "a ", elemSize,
            "-byte element does not fit the transport's messages");
   const size_t wireSize = dataTypeSize(c.spec.wireType);
