@@ -22,7 +22,8 @@ def available():
 
 
 def create(rendezvous, device_index, slice_bytes=None, ordinal=0):
-    """A _C.CudaCommunicator on `device_index`; every rank of the group calls this together.
+    """A _C.Communicator over a _C.CudaRing on `device_index`; every rank of the group calls
+    this together.
 
     The NCCL id is published under this communicator's rendezvous prefix and `ordinal` (the
     how-manieth CUDA backend of the communicator, 0 for the usual one device per rank), never
@@ -37,9 +38,13 @@ def create(rendezvous, device_index, slice_bytes=None, ordinal=0):
     if rendezvous.rank == 0:
         rendezvous.publish(key, _C.nccl_unique_id(hint))
     unique_id = rendezvous.read(key, 0)
-    return _C.CudaCommunicator(rendezvous.rank, rendezvous.world_size, device_index, unique_id,
-                               slice_bytes=slice_bytes or SLICE_BYTES,
-                               timeout=rendezvous.timeout, library_hint=hint)
+    slice_bytes = slice_bytes or SLICE_BYTES
+    ring = _C.CudaRing(rendezvous.rank, rendezvous.world_size, device_index, unique_id,
+                       slice_bytes=slice_bytes, timeout=rendezvous.timeout, library_hint=hint)
+    comm = _C.Communicator(rendezvous.rank, rendezvous.world_size, ring.transport, ring.reducer,
+                           slice_bytes)
+    ring.release()  # the communicator owns them now: its close() frees the GPU resources
+    return comm
 
 
 def current_stream(buf):

@@ -24,8 +24,18 @@ class _FakeCudaC:
         self.ids_made += 1
         return b"id-%d-from-rank-%d" % (self.ids_made, self.rank)
 
-    def CudaCommunicator(self, rank, world_size, device, unique_id, **options):
-        return {"rank": rank, "world_size": world_size, "device": device, "id": unique_id}
+    class CudaRing:
+        def __init__(self, rank, world_size, device, unique_id, **options):
+            self.transport = {"rank": rank, "world_size": world_size, "device": device,
+                              "id": unique_id}
+            self.reducer = None
+
+        def release(self):
+            pass
+
+    @staticmethod
+    def Communicator(rank, world_size, transport, reducer, slice_bytes):
+        return transport
 
 
 def _create_on_own_device(rank, world_size):
@@ -47,3 +57,102 @@ def test_nccl_id_is_keyed_by_communicator_not_device(world):
         assert first["device"] == rank and second["device"] == world + rank
         assert (first["id"], second["id"]) == (b"id-1-from-rank-0", b"id-2-from-rank-0")
         assert (first["rank"], first["world_size"]) == (rank, world)
+
+
+# -- NCCL groups: the ones NcclTransport issues, replayed without a GPU ------------------------------
+
+from ringcomm import _C  # noqa: E402
+
+PRIMITIVES = list(_C.Primitive.__members__)
+
+
+def nccl_groups(primitive, n, count, root, slots, slot_bytes):
+    """Every rank's groups, zero-byte operations dropped (the transport skips them)."""
+    kind = _C.Primitive.__members__[primitive]
+    ranks = []
+    for r in range(n):
+        groups = _C.trace_nccl_groups(kind, r, n, count, root, _C.DataType.float32, slots,
+                                      slot_bytes)
+        groups = [[op for op in g if op[2] > 0] for g in groups]
+        ranks.append([g for g in groups if g])
+    return ranks
+
+
+def replay(ranks):
+    """NCCL's semantics on one stream per rank: groups run in order; a send and the receive it
+    matches (the k-th message between two ranks, either way) complete together once both of
+    their groups run; a group ends when all its operations have. Returns the ranks left stuck."""
+    n = len(ranks)
+    sent = {}  # (src, dst) -> messages so far, to number each op by pair order
+    received = {}
+    numbered = []
+    for r, groups in enumerate(ranks):
+        mine = []
+        for g in groups:
+            ops = []
+            for kind, peer, size, _ in g:
+                key = (r, peer) if kind == "send" else (peer, r)
+                table = sent if kind == "send" else received
+                table[key] = table.get(key, 0) + 1
+                ops.append((kind, key, table[key] - 1, size))
+            mine.append(ops)
+        numbered.append(mine)
+    assert sent == received, "every send has a receive and the other way round"
+    head = [0] * n
+    done = [set() for _ in range(n)]  # completed op indices of the running group
+    progressed = True
+    while progressed:
+        progressed = False
+        running = {}
+        for r in range(n):
+            if head[r] < len(numbered[r]):
+                for i, (kind, key, k, size) in enumerate(numbered[r][head[r]]):
+                    running[(kind, key, k)] = (r, i, size)
+        for (kind, key, k), (r, i, size) in running.items():
+            if kind != "send" or i in done[r]:
+                continue
+            partner = running.get(("recv", key, k))
+            if partner is not None:
+                pr, pi, psize = partner
+                assert psize == size, f"message {k} of {key}: {size} bytes sent, {psize} expected"
+                done[r].add(i)
+                done[pr].add(pi)
+                progressed = True
+        for r in range(n):
+            if head[r] < len(numbered[r]) and len(done[r]) == len(numbered[r][head[r]]):
+                head[r] += 1
+                done[r] = set()
+                progressed = True
+    return [r for r in range(n) if head[r] < len(numbered[r])]
+
+
+@pytest.mark.parametrize("primitive", PRIMITIVES)
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 8])
+def test_nccl_groups_match_up_and_never_deadlock(primitive, n):
+    for count in (0, 1, n - 1, 1000, 12345):
+        for slots in (2, 4, 8):
+            for root in sorted({0, n - 1}):
+                ranks = nccl_groups(primitive, n, count, root, slots, slot_bytes=256)
+                stuck = replay(ranks)
+                assert not stuck, (primitive, n, count, slots, root, stuck)
+
+
+@pytest.mark.parametrize("primitive", ["all_reduce", "reduce_scatter", "all_gather"])
+def test_symmetric_groups_pair_send_g_with_receive_g(primitive):
+    """The pipelining: rank r's g-th group sends its g-th message and receives its g-th, so the
+    send was produced W = slots/2 receives earlier and only waits for that kernel."""
+    for n, slots in [(2, 4), (4, 8), (3, 2)]:
+        for groups in nccl_groups(primitive, n, 100003, 0, slots, slot_bytes=4096):
+            for g in groups:
+                kinds = [op[0] for op in g]
+                assert kinds == ["send", "recv"], g
+                assert g[0][3] == g[1][3], "send g travels with receive g"
+
+
+def test_replay_catches_a_deadlock():
+    """The checker itself: a ring where every rank receives before it sends, in separate
+    groups, is the classic deadlock."""
+    ranks = [[[("recv", (r - 1) % 3, 8, 0)], [("send", (r + 1) % 3, 8, 0)]] for r in range(3)]
+    assert replay(ranks) == [0, 1, 2]
+    ranks = [[[("send", (r + 1) % 3, 8, 0), ("recv", (r - 1) % 3, 8, 0)]] for r in range(3)]
+    assert replay(ranks) == []
