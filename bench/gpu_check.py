@@ -136,14 +136,15 @@ def plan(python, work, pytest_timeout=True):
     py = [python]
     tests = py + ["-m", "pytest", "tests/test_gpu.py", "-q", "-rA", "--durations=0", "-p",
                   "no:cacheprovider"] + (["--timeout=90"] if pytest_timeout else [])
-    allreduce = py + ["bench/gpu_allreduce.py", "--mib", "64", "256"]
+    allreduce = py + ["bench/gpu_allreduce.py", "--mib", "64", "256", "--slices-mib", "1", "4",
+                      "16", "32"]
     return [
         Stage("env", 25, py + ["-c", ENV_PROBE], marker="ENV_JSON ", needs_gpu=False),
         Stage("build", 110, py + ["setup.py", "build_ext", "--inplace"]),
         Stage("info", 20, py + ["-c", INFO_PROBE], marker="INFO_JSON "),
         Stage("kernels", 45, py + ["bench/gpu_kernels.py", "--mib", "256", "--json",
                                    str(work / "kernels.json")], result="kernels.json"),
-        Stage("allreduce2", 45, allreduce + ["--world", "2", "--json",
+        Stage("allreduce2", 60, allreduce + ["--world", "2", "--json",
                                              str(work / "allreduce2.json")], result="allreduce2.json"),
         Stage("tests2", 100, tests + [f"--junitxml={work / 'tests2.xml'}"],
               env={"RINGCOMM_TEST_WORLDS": "2"}, junit="tests2.xml"),
