@@ -237,14 +237,16 @@ PYBIND11_MODULE(_C, m) {
         for (const auto& group : traceGroups(request, type, slots, slotBytes)) {
           py::list ops;
           for (const TracedOp& op : group)
-            ops.append(py::make_tuple(op.send ? "send" : "recv", op.peer, op.bytes, op.message));
+            ops.append(py::make_tuple(op.send ? "send" : "recv", op.peer, op.bytes, op.message,
+                                      op.staged));
           groups.append(ops);
         }
         return groups;
       },
       py::arg("primitive"), py::arg("rank"), py::arg("world_size"), py::arg("count"),
       py::arg("root"), py::arg("dtype"), py::arg("slots"), py::arg("slot_bytes"),
-      "The NCCL groups (lists of (kind, peer, bytes, message number)) NcclTransport issues on "
+      "The NCCL groups (lists of (kind, peer, bytes, message number, staged)) NcclTransport "
+      "issues on "
       "`rank` for one collective, from the real plan and executor, without a GPU");
 
 #ifdef RINGCOMM_WITH_CUDA

@@ -608,6 +608,14 @@ def test_timeout_names_peers():
     _launch(2, _timeout)
 
 
+def test_missing_peer_times_out_at_creation():
+    """The watchdog: a blocking NCCL init whose peer never joins aborts and raises instead of
+    hanging."""
+    uid = _C.nccl_unique_id(_nccl_hint())
+    with pytest.raises(_C.CommTimeoutError, match="creating the NCCL communicator.*rank 0 of 2"):
+        _C.CudaRing(0, 2, 0, uid, timeout=5.0, library_hint=_nccl_hint())
+
+
 def test_python_api_on_cuda_tensors():
     """The public API on CUDA tensors, once ringcomm.Communicator supports them."""
     _launch_api(WORLDS[0])

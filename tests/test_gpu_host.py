@@ -90,7 +90,7 @@ def replay(ranks):
         mine = []
         for g in groups:
             ops = []
-            for kind, peer, size, _ in g:
+            for kind, peer, size, *_ in g:
                 key = (r, peer) if kind == "send" else (peer, r)
                 table = sent if kind == "send" else received
                 table[key] = table.get(key, 0) + 1
@@ -152,7 +152,31 @@ def test_symmetric_groups_pair_send_g_with_receive_g(primitive):
 def test_replay_catches_a_deadlock():
     """The checker itself: a ring where every rank receives before it sends, in separate
     groups, is the classic deadlock."""
-    ranks = [[[("recv", (r - 1) % 3, 8, 0)], [("send", (r + 1) % 3, 8, 0)]] for r in range(3)]
+    ranks = [[[("recv", (r - 1) % 3, 8, 0, True)], [("send", (r + 1) % 3, 8, 0, True)]]
+             for r in range(3)]
     assert replay(ranks) == [0, 1, 2]
-    ranks = [[[("send", (r + 1) % 3, 8, 0), ("recv", (r - 1) % 3, 8, 0)]] for r in range(3)]
+    ranks = [[[("send", (r + 1) % 3, 8, 0, True), ("recv", (r - 1) % 3, 8, 0, True)]]
+             for r in range(3)]
     assert replay(ranks) == []
+
+
+def test_copy_only_steps_use_the_callers_buffers():
+    """No staging copy where nothing is reduced: all_gather and broadcast move every message
+    from and into user buffers; all_reduce stages only its reduce-scatter receives and the
+    sends its kernels produce (the first send goes straight from the input)."""
+    n, count = 4, 40000
+    for primitive in ("all_gather", "broadcast"):
+        for groups in nccl_groups(primitive, n, count, 0, 8, slot_bytes=4096):
+            assert not any(op[4] for g in groups for op in g), primitive
+    for groups in nccl_groups("all_reduce", n, count, 0, 8, slot_bytes=4096):
+        ops = [op for g in groups for op in g]
+        sends = sorted((op for op in ops if op[0] == "send"), key=lambda op: op[3])
+        receives = sorted((op for op in ops if op[0] == "recv"), key=lambda op: op[3])
+        columns = len(sends) // (2 * (n - 1))
+        # Of the 2(n-1) steps, the n-1 that reduce stage their sends (the first step, the
+        # first wave of messages, sends the input itself) and receive into slots; the copy
+        # hops of the all-gather half receive into the output and send from there.
+        assert sum(op[4] for op in sends) == (n - 1) * columns
+        assert sum(op[4] for op in receives) == (n - 1) * columns
+        wave = 8 // 2
+        assert not any(op[4] for op in sends[:min(wave, columns)])

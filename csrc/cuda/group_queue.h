@@ -92,6 +92,7 @@ struct TracedOp {
   int peer = -1;
   size_t bytes = 0;
   uint64_t message = 0;
+  bool staged = false;  // through a staging slot (else the caller's buffer)
 };
 
 class GroupTrace : public Transport, public Reducer {
@@ -117,10 +118,10 @@ class GroupTrace : public Transport, public Reducer {
     if (queue_.push(QueuedSend{sends_++, peer, static_cast<size_t>(e.bytes), -1, src})) flush();
   }
   const void* acquireRecv(int peer, const Envelope& e) override {
-    receive(peer, e);
+    receive(peer, e, true);
     return &scratch_;
   }
-  void recvInto(int peer, void*, const Envelope& e) override { receive(peer, e); }
+  void recvInto(int peer, void*, const Envelope& e) override { receive(peer, e, false); }
   void releaseRecv(int) override {}
   void abort(const std::string&) override {}
   void end() override { flush(); }
@@ -130,15 +131,17 @@ class GroupTrace : public Transport, public Reducer {
   void convert(void*, void*, const void*, bool, size_t, const ReduceSpec&) override {}
 
  private:
-  void receive(int peer, const Envelope& e) {
+  void receive(int peer, const Envelope& e, bool staged) {
     std::vector<TracedOp> group;
-    for (const QueuedSend& s : queue_.forReceive()) group.push_back({true, s.peer, s.bytes, s.id});
-    group.push_back({false, peer, static_cast<size_t>(e.bytes), receives_++});
+    for (const QueuedSend& s : queue_.forReceive())
+      group.push_back({true, s.peer, s.bytes, s.id, s.slot >= 0});
+    group.push_back({false, peer, static_cast<size_t>(e.bytes), receives_++, staged});
     groups.push_back(group);
   }
   void flush() {
     std::vector<TracedOp> group;
-    for (const QueuedSend& s : queue_.takeAll()) group.push_back({true, s.peer, s.bytes, s.id});
+    for (const QueuedSend& s : queue_.takeAll())
+      group.push_back({true, s.peer, s.bytes, s.id, s.slot >= 0});
     if (!group.empty()) groups.push_back(group);
   }
 

@@ -186,7 +186,8 @@ void NcclTransport::abortLocked(const std::string& why) {
   aborted_ = true;
   failure_ = why;
   // ncclCommAbort also makes a call blocked on this communicator in another thread return, and
-  // stops this rank's kernels still waiting on a peer.
+  // stops this rank's kernels still waiting on a peer (torch's watchdog relies on the same;
+  // NCCL handles an abort from another thread reliably from 2.19 on).
   if (comm_ != nullptr) {
     api_->commAbort(comm_);
     comm_ = nullptr;
