@@ -51,7 +51,7 @@ def run(*cmd):
 info["nvidia_smi"] = run("nvidia-smi", "--query-gpu=name,memory.total,driver_version,compute_cap",
                          "--format=csv,noheader")
 info["nvcc"] = run("nvcc", "--version").splitlines()[-1:] if shutil.which("nvcc") else None
-for module in ("torch", "pytest", "pytest_timeout", "cupy", "numpy"):
+for module in ("torch", "pybind11", "setuptools", "pytest", "pytest_timeout", "cupy", "numpy"):
     try:
         info[module] = getattr(__import__(module), "__version__", "present")
     except Exception as error:
