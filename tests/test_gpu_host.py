@@ -180,3 +180,22 @@ def test_copy_only_steps_use_the_callers_buffers():
         assert sum(op[4] for op in receives) == (n - 1) * columns
         wave = 8 // 2
         assert not any(op[4] for op in sends[:min(wave, columns)])
+
+
+def test_a_scale_needs_a_floating_type_and_a_reducer_that_scales():
+    """The fused scale is part of the reduce spec: the CPU reducer does not apply it, so the
+    communicator refuses it there instead of silently ignoring it; a refused call leaves the
+    communicator usable."""
+    import numpy as np
+
+    transport = _C.ShmTransport(0, 1, 64 * 1024, 4, 10.0, 0)
+    comm = _C.Communicator(0, 1, transport, _C.CpuReducer(), 64 * 1024)
+    x = np.arange(8, dtype=np.float32)
+    with pytest.raises(_C.RingcommError, match="cannot scale"):
+        comm.all_reduce(x.ctypes.data, 8, _C.DataType.float32, _C.RedOp.sum, scale=0.5)
+    i = np.arange(8, dtype=np.int32)
+    with pytest.raises(_C.RingcommError, match="floating type"):
+        comm.all_reduce(i.ctypes.data, 8, _C.DataType.int32, _C.RedOp.sum, scale=0.5)
+    comm.all_reduce(x.ctypes.data, 8, _C.DataType.float32, _C.RedOp.max)
+    assert comm.failure == "" and (x == np.arange(8)).all()
+    comm.close()
