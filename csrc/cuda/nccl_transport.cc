@@ -84,7 +84,9 @@ void NcclTransport::create() {
   arm("creating the NCCL communicator (waiting for every rank to join)", options_.timeoutSeconds,
       &comm);
   ncclResult_t result;
-  if (api_->commInitRankConfig != nullptr) {
+  // The config struct of this build's nccl.h only goes to a library at least as new; older
+  // ones get ncclCommInitRank, blocking unless NCCL_COMM_BLOCKING=0 (refused in issue()).
+  if (api_->commInitRankConfig != nullptr && api_->version >= NCCL_VERSION_CODE) {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 1;
     result = api_->commInitRankConfig(&comm, options_.worldSize, id, options_.rank, &config);
@@ -98,7 +100,10 @@ void NcclTransport::create() {
     const std::string message =
         aborted_ ? failure_
                  : detail::concat("NCCL communicator creation failed", where(), ": ",
-                                  api_->describe(result));
+                                  api_->describe(result),
+                                  result == ncclInProgress
+                                      ? " (non-blocking: unset NCCL_COMM_BLOCKING=0)"
+                                      : "");
     aborted_ = true;
     if (timedOut_) RC_THROW_AS(TimeoutError, message);
     RC_THROW_AS(PeerError, message);
@@ -421,6 +426,8 @@ void NcclTransport::issue(const std::vector<QueuedSend>& sends, const Receive* r
   arm(what, options_.timeoutSeconds);
   rc = api_->groupEnd();
   disarm();
+  if (rc == ncclInProgress)
+    failNccl(rc, what + " (a non-blocking NCCL communicator: unset NCCL_COMM_BLOCKING=0)");
   if (rc != ncclSuccess) failNccl(rc, what);
   checkUsable();
 
