@@ -142,8 +142,11 @@ def plan(python, work, pytest_timeout=True):
         Stage("env", 25, py + ["-c", ENV_PROBE], marker="ENV_JSON ", needs_gpu=False),
         Stage("build", 110, py + ["setup.py", "build_ext", "--inplace"]),
         Stage("info", 20, py + ["-c", INFO_PROBE], marker="INFO_JSON "),
+        # The whole GPU for the kernels, as for the copy they are compared with (in the ring
+        # they leave RINGCOMM_NCCL_SMS to NCCL).
         Stage("kernels", 45, py + ["bench/gpu_kernels.py", "--mib", "256", "--json",
-                                   str(work / "kernels.json")], result="kernels.json"),
+                                   str(work / "kernels.json")], result="kernels.json",
+              env={"RINGCOMM_NCCL_SMS": "0"}),
         Stage("allreduce2", 60, allreduce + ["--world", "2", "--json",
                                              str(work / "allreduce2.json")], result="allreduce2.json"),
         Stage("tests2", 100, tests + [f"--junitxml={work / 'tests2.xml'}"],
