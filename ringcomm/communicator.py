@@ -226,7 +226,8 @@ class Communicator:
             if device == "cpu":
                 comm = cpu_backend.create(self._rendezvous, self._slice_bytes)
             else:
-                comm = cuda_backend.create(self._rendezvous, index, self._slice_bytes)
+                ordinal = sum(1 for kind, _ in self._backends if kind == "cuda")
+                comm = cuda_backend.create(self._rendezvous, index, self._slice_bytes, ordinal)
             self._backends[key] = comm
         return comm
 
