@@ -2,7 +2,7 @@
 
 busbw = S / t x 2(n-1)/n (nccl-tests). Same ranks, sizes, dtype and stream for both.
 
-    python bench/gpu_allreduce.py --world 2 --mib 64 256 --json out.json
+    python bench/gpu_allreduce.py --world 2 --mib 64 256 --slices-mib 1 4 16 32 --json out.json
 """
 import argparse
 import json
@@ -34,7 +34,7 @@ def _time(fn, iters, warmup):
     return time_per_call(fn, iters, warmup=0)
 
 
-def _rank(rank, world, store_path, sizes_mib, iters, warmup, slice_bytes, out_path):
+def _rank(rank, world, store_path, sizes_mib, iters, warmup, slices, out_path):
     from ringcomm import _C
 
     if _C.nccl_library(_nccl_hint())[1] >= 23000:
@@ -47,43 +47,49 @@ def _rank(rank, world, store_path, sizes_mib, iters, warmup, slice_bytes, out_pa
     store = dist.distributed_c10d._get_default_store()
     if rank == 0:
         store.set("ringcomm-bench-id", _C.nccl_unique_id(_nccl_hint()))
-    comm = _C.CudaCommunicator(rank, world, 0, store.get("ringcomm-bench-id"),
-                               slice_bytes=slice_bytes, library_hint=_nccl_hint())
+    # Slots as large as the largest slice; each measurement sets the slice it wants.
+    ring = _C.CudaRing(rank, world, 0, store.get("ringcomm-bench-id"), slice_bytes=max(slices),
+                       library_hint=_nccl_hint())
+    comm = _C.Communicator(rank, world, ring.transport, ring.reducer, max(slices))
+    ring.release()
     rows = []
     factor = 2 * (world - 1) / world
+    stream = torch.cuda.current_stream().cuda_stream
     for mib in sizes_mib:
         n = (mib << 20) // 4
         x = torch.full((n,), float(rank + 1), device="cuda")
-        stream = torch.cuda.current_stream().cuda_stream
 
         def ours():
-            comm.all_reduce(x.data_ptr(), n, _C.DataType.float32, _C.RedOp.sum, stream)
+            comm.all_reduce(x.data_ptr(), n, _C.DataType.float32, _C.RedOp.sum, stream=stream)
 
         def theirs():
             dist.all_reduce(x)
 
-        t_ours = _time(ours, iters, warmup)
         t_nccl = _time(theirs, iters, warmup)
-        x.fill_(float(rank + 1))
-        ours()
-        torch.cuda.synchronize()
-        correct = bool(torch.all(x == world * (world + 1) / 2))
-        rows.append({"world": world, "bytes": mib << 20, "dtype": "float32",
-                     "ringcomm_us": t_ours * 1e6, "nccl_us": t_nccl * 1e6,
-                     "ringcomm_busbw_GBps": (mib << 20) / t_ours / 1e9 * factor,
-                     "nccl_busbw_GBps": (mib << 20) / t_nccl / 1e9 * factor,
-                     "ratio": t_nccl / t_ours, "correct": correct})
-        if rank == 0:
-            r = rows[-1]
-            print(f"world {world} {mib:5d} MiB  ringcomm {r['ringcomm_busbw_GBps']:7.1f} GB/s  "
-                  f"nccl {r['nccl_busbw_GBps']:7.1f} GB/s  ratio {r['ratio']:.3f}  "
-                  f"correct={correct}", flush=True)
+        for slice_bytes in slices:
+            comm.slice_bytes = slice_bytes
+            t_ours = _time(ours, iters, warmup)
+            x.fill_(float(rank + 1))
+            ours()
+            torch.cuda.synchronize()
+            correct = bool(torch.all(x == world * (world + 1) / 2))
+            rows.append({"world": world, "bytes": mib << 20, "dtype": "float32",
+                         "slice_bytes": slice_bytes,
+                         "ringcomm_us": t_ours * 1e6, "nccl_us": t_nccl * 1e6,
+                         "ringcomm_busbw_GBps": (mib << 20) / t_ours / 1e9 * factor,
+                         "nccl_busbw_GBps": (mib << 20) / t_nccl / 1e9 * factor,
+                         "ratio": t_nccl / t_ours, "correct": correct})
+            if rank == 0:
+                r = rows[-1]
+                print(f"world {world} {mib:5d} MiB slice {slice_bytes >> 20:3d} MiB  ringcomm "
+                      f"{r['ringcomm_busbw_GBps']:7.1f} GB/s  nccl {r['nccl_busbw_GBps']:7.1f} GB/s"
+                      f"  ratio {r['ratio']:.3f}  correct={correct}", flush=True)
+                if out_path:  # after every row: a run cut short still reports
+                    with open(out_path, "w") as f:
+                        json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f,
+                                  indent=1)
     comm.close()
     dist.destroy_process_group()
-    if rank == 0 and out_path:
-        with open(out_path, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "slice_bytes": slice_bytes,
-                       "rows": rows}, f, indent=1)
 
 
 def main():
@@ -92,14 +98,14 @@ def main():
     parser.add_argument("--mib", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--slice-bytes", type=int,
-                        default=int(os.environ.get("RINGCOMM_SLICE_BYTES", 4 << 20)))
+    parser.add_argument("--slices-mib", type=int, nargs="+", default=[4],
+                        help="ringcomm slice sizes to measure (one NCCL baseline per size)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(_rank, nprocs=args.world, join=True,
                  args=(args.world, os.path.join(tmp, "store"), args.mib, args.iters,
-                       args.warmup, args.slice_bytes, args.json))
+                       args.warmup, [m << 20 for m in args.slices_mib], args.json))
 
 
 if __name__ == "__main__":

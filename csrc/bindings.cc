@@ -8,6 +8,7 @@
 
 #include "cpu/cpu_reducer.h"
 #include "cpu/shm_transport.h"
+#include "cuda/group_queue.h"
 #include "ringcomm/communicator.h"
 #include "ringcomm/error.h"
 #include "ringcomm/schedule.h"
@@ -106,11 +107,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("build_info", &buildInfo);
   m.def(
       "make_plan",
-      [](Primitive primitive, int rank, int worldSize, size_t count, int root) {
-        return planToDict(makePlan({primitive, rank, worldSize, count, root}));
+      [](Primitive primitive, int rank, int worldSize, size_t count, int root,
+         std::optional<DataType> type, std::optional<DataType> wire) {
+        // With a dtype, the plan the communicator runs (chunks aligned for that dtype);
+        // without, the unaligned split.
+        size_t align = type ? chunkAlignment(*type, wire.value_or(*type)) : 1;
+        return planToDict(makePlan({primitive, rank, worldSize, count, root, align}));
       },
       py::arg("primitive"), py::arg("rank"), py::arg("world_size"), py::arg("count"),
-      py::arg("root") = 0);
+      py::arg("root") = 0, py::arg("dtype") = py::none(), py::arg("wire_dtype") = py::none());
   py::class_<Transport, std::shared_ptr<Transport>>(m, "Transport")
       .def("abort", &Transport::abort)
       .def_property_readonly("max_message_bytes", &Transport::maxMessageBytes);
@@ -135,6 +140,8 @@ PYBIND11_MODULE(_C, m) {
            py::call_guard<py::gil_scoped_release>())
       .def("unlink_names", &ShmTransport::unlinkNames);
 
+  // The one communicator binding, CPU and CUDA alike: every collective takes `stream` (the
+  // caller's cudaStream_t as an integer; ignored on the CPU).
   using Comm = Communicator;
   auto release = py::call_guard<py::gil_scoped_release>();
   py::class_<Comm, std::shared_ptr<Comm>>(m, "Communicator")
@@ -153,48 +160,74 @@ PYBIND11_MODULE(_C, m) {
       .def_property("slice_bytes", &Comm::sliceBytes, &Comm::setSliceBytes)
       .def(
           "all_reduce",
-          [](Comm& c, uintptr_t data, size_t n, DataType t, RedOp op, std::optional<DataType> wire) {
-            c.allReduce(address(data), n, t, op, wire.value_or(t));
+          [](Comm& c, uintptr_t data, size_t n, DataType t, RedOp op, std::optional<DataType> wire,
+             float scale, uintptr_t stream) {
+            c.allReduce(address(data), n, t, op, wire.value_or(t), scale, stream);
           },
           py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("op"),
-          py::arg("wire_dtype") = py::none(), release)
+          py::arg("wire_dtype") = py::none(), py::arg("scale") = 1.0f, py::arg("stream") = 0,
+          release)
       .def(
           "reduce_scatter",
-          [](Comm& c, uintptr_t out, uintptr_t in, size_t n, DataType t, RedOp op) {
-            c.reduceScatter(address(out), address(in), n, t, op);
-          },
-          release)
+          [](Comm& c, uintptr_t out, uintptr_t in, size_t n, DataType t, RedOp op,
+             uintptr_t stream) { c.reduceScatter(address(out), address(in), n, t, op, stream); },
+          py::arg("output"), py::arg("input"), py::arg("count"), py::arg("dtype"), py::arg("op"),
+          py::arg("stream") = 0, release)
       .def(
           "all_gather",
-          [](Comm& c, uintptr_t out, uintptr_t in, size_t n, DataType t) {
-            c.allGather(address(out), address(in), n, t);
+          [](Comm& c, uintptr_t out, uintptr_t in, size_t n, DataType t, uintptr_t stream) {
+            c.allGather(address(out), address(in), n, t, stream);
           },
-          release)
+          py::arg("output"), py::arg("input"), py::arg("count"), py::arg("dtype"),
+          py::arg("stream") = 0, release)
       .def(
           "broadcast",
-          [](Comm& c, uintptr_t data, size_t n, DataType t, int src) {
-            c.broadcast(address(data), n, t, src);
+          [](Comm& c, uintptr_t data, size_t n, DataType t, int src, uintptr_t stream) {
+            c.broadcast(address(data), n, t, src, stream);
           },
-          release)
+          py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("src"),
+          py::arg("stream") = 0, release)
       .def(
           "reduce",
-          [](Comm& c, uintptr_t data, size_t n, DataType t, RedOp op, int dst) {
-            c.reduce(address(data), n, t, op, dst);
+          [](Comm& c, uintptr_t data, size_t n, DataType t, RedOp op, int dst, uintptr_t stream) {
+            c.reduce(address(data), n, t, op, dst, stream);
           },
-          release)
+          py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("op"), py::arg("dst"),
+          py::arg("stream") = 0, release)
       .def(
           "gather",
-          [](Comm& c, uintptr_t out, uintptr_t in, size_t n, DataType t, int dst) {
-            c.gather(address(out), address(in), n, t, dst);
-          },
-          release)
+          [](Comm& c, uintptr_t out, uintptr_t in, size_t n, DataType t, int dst,
+             uintptr_t stream) { c.gather(address(out), address(in), n, t, dst, stream); },
+          py::arg("output"), py::arg("input"), py::arg("count"), py::arg("dtype"), py::arg("dst"),
+          py::arg("stream") = 0, release)
       .def(
           "scatter",
-          [](Comm& c, uintptr_t out, uintptr_t in, size_t n, DataType t, int src) {
-            c.scatter(address(out), address(in), n, t, src);
-          },
-          release)
+          [](Comm& c, uintptr_t out, uintptr_t in, size_t n, DataType t, int src,
+             uintptr_t stream) { c.scatter(address(out), address(in), n, t, src, stream); },
+          py::arg("output"), py::arg("input"), py::arg("count"), py::arg("dtype"), py::arg("src"),
+          py::arg("stream") = 0, release)
       .def("close", &Comm::close, release);
+
+  m.def(
+      "trace_nccl_groups",
+      [](Primitive primitive, int rank, int worldSize, size_t count, int root, DataType type,
+         int slots, size_t slotBytes) {
+        PlanRequest request{primitive, rank, worldSize, count, root, chunkAlignment(type, type)};
+        py::list groups;
+        for (const auto& group : traceGroups(request, type, slots, slotBytes)) {
+          py::list ops;
+          for (const TracedOp& op : group)
+            ops.append(py::make_tuple(op.send ? "send" : "recv", op.peer, op.bytes, op.message,
+                                      op.staged));
+          groups.append(ops);
+        }
+        return groups;
+      },
+      py::arg("primitive"), py::arg("rank"), py::arg("world_size"), py::arg("count"),
+      py::arg("root"), py::arg("dtype"), py::arg("slots"), py::arg("slot_bytes"),
+      "The NCCL groups (lists of (kind, peer, bytes, message number, staged)) NcclTransport "
+      "issues on "
+      "`rank` for one collective, from the real plan and executor, without a GPU");
 
   // Entry points that only tests and benchmarks call, kept out of the package's surface.
   py::module_ testing = m.def_submodule("testing", "entry points for tests only");

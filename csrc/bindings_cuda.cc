@@ -1,5 +1,5 @@
 // The CUDA part of ringcomm._C: device queries, NCCL loading, kernel test entry points and the
-// CUDA communicator. Compiled only with RINGCOMM_WITH_CUDA; needs no CUDA header itself.
+// CUDA ring (transport and reducer) the core Communicator runs. Compiled only with RINGCOMM_WITH_CUDA; needs no CUDA header itself.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -8,17 +8,13 @@
 #include <string>
 
 #include "cuda/cuda_backend.h"
+#include "ringcomm/reducer.h"
+#include "ringcomm/transport.h"
 #include "ringcomm/types.h"
 
 namespace py = pybind11;
 
 namespace ringcomm {
-namespace {
-
-void* address(uintptr_t value) { return reinterpret_cast<void*>(value); }
-
-}  // namespace
-
 void bindCuda(py::module_& m) {
   auto release = py::call_guard<py::gil_scoped_release>();
   m.def("cuda_available", &cudaAvailable, "Whether a CUDA device is usable (False without a driver)");
@@ -51,11 +47,13 @@ void bindCuda(py::module_& m) {
   m.def("copy_kernel", &copyOnDevice, py::arg("out0"), py::arg("out1"), py::arg("src"),
         py::arg("bytes"), py::arg("stream") = 0, release);
 
-  using Comm = CudaCommunicator;
-  py::class_<Comm, std::shared_ptr<Comm>>(m, "CudaCommunicator")
+  py::class_<CudaRing, std::shared_ptr<CudaRing>>(
+      m, "CudaRing",
+      "The NCCL transport and CUDA reducer of a communicator on one GPU; pass .transport and "
+      ".reducer to Communicator. Every rank of the ring constructs it together.")
       .def(py::init([](int rank, int worldSize, int device, const py::bytes& uniqueId,
                        size_t sliceBytes, int slots, double timeout, const std::string& hint) {
-             CudaCommunicatorOptions o;
+             CudaRingOptions o;
              o.rank = rank;
              o.worldSize = worldSize;
              o.device = device;
@@ -65,58 +63,17 @@ void bindCuda(py::module_& m) {
              o.timeoutSeconds = timeout;
              o.libraryHint = hint;
              py::gil_scoped_release unlocked;  // NCCL init waits for every rank
-             return std::make_shared<Comm>(o);
+             return std::make_shared<CudaRing>(o);
            }),
            py::arg("rank"), py::arg("world_size"), py::arg("device"), py::arg("unique_id"),
-           py::arg("slice_bytes") = 4 << 20, py::arg("slots") = 4, py::arg("timeout") = 600.0,
+           py::arg("slice_bytes") = 4 << 20, py::arg("slots") = 8, py::arg("timeout") = 600.0,
            py::arg("library_hint") = "")
-      .def_property_readonly("rank", &Comm::rank)
-      .def_property_readonly("world_size", &Comm::worldSize)
-      .def_property_readonly("device", &Comm::device)
-      .def_property_readonly("sequence", &Comm::sequence)
-      .def("all_reduce",
-           [](Comm& c, uintptr_t data, size_t n, DataType t, RedOp op, uintptr_t stream,
-              float scale, std::optional<DataType> wire) {
-             c.allReduce(address(data), n, t, op, stream, scale, wire.value_or(t));
-           },
-           py::arg("data"), py::arg("n"), py::arg("dtype"), py::arg("op"), py::arg("stream") = 0,
-           py::arg("scale") = 1.0f, py::arg("wire_dtype") = py::none(), release)
-      .def("reduce_scatter",
-           [](Comm& c, uintptr_t out, uintptr_t in, size_t n, DataType t, RedOp op,
-              uintptr_t stream) { c.reduceScatter(address(out), address(in), n, t, op, stream); },
-           py::arg("output"), py::arg("input"), py::arg("n"), py::arg("dtype"), py::arg("op"),
-           py::arg("stream") = 0, release)
-      .def("all_gather",
-           [](Comm& c, uintptr_t out, uintptr_t in, size_t n, DataType t, uintptr_t stream) {
-             c.allGather(address(out), address(in), n, t, stream);
-           },
-           py::arg("output"), py::arg("input"), py::arg("n"), py::arg("dtype"),
-           py::arg("stream") = 0, release)
-      .def("broadcast",
-           [](Comm& c, uintptr_t data, size_t n, DataType t, int src, uintptr_t stream) {
-             c.broadcast(address(data), n, t, src, stream);
-           },
-           py::arg("data"), py::arg("n"), py::arg("dtype"), py::arg("src"),
-           py::arg("stream") = 0, release)
-      .def("reduce",
-           [](Comm& c, uintptr_t data, size_t n, DataType t, RedOp op, int dst,
-              uintptr_t stream) { c.reduce(address(data), n, t, op, dst, stream); },
-           py::arg("data"), py::arg("n"), py::arg("dtype"), py::arg("op"), py::arg("dst"),
-           py::arg("stream") = 0, release)
-      .def("gather",
-           [](Comm& c, uintptr_t out, uintptr_t in, size_t n, DataType t, int dst,
-              uintptr_t stream) { c.gather(address(out), address(in), n, t, dst, stream); },
-           py::arg("output"), py::arg("input"), py::arg("n"), py::arg("dtype"), py::arg("dst"),
-           py::arg("stream") = 0, release)
-      .def("scatter",
-           [](Comm& c, uintptr_t out, uintptr_t in, size_t n, DataType t, int src,
-              uintptr_t stream) { c.scatter(address(out), address(in), n, t, src, stream); },
-           py::arg("output"), py::arg("input"), py::arg("n"), py::arg("dtype"), py::arg("src"),
-           py::arg("stream") = 0, release)
-      .def("query", &Comm::query, release)
-      .def("synchronize", &Comm::synchronize, py::arg("timeout") = 0.0, release)
-      .def("abort", &Comm::abort, py::arg("why") = "aborted by the user", release)
-      .def("close", &Comm::close, release);
+      .def_property_readonly("transport", &CudaRing::transport)
+      .def_property_readonly("reducer", &CudaRing::reducer)
+      .def("query", &CudaRing::query, release)
+      .def("synchronize", &CudaRing::synchronize, py::arg("timeout") = 0.0, release)
+      .def("abort", &CudaRing::abort, py::arg("why") = "aborted by the user", release)
+      .def("release", &CudaRing::release, release);
 }
 
 }  // namespace ringcomm

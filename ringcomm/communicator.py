@@ -229,8 +229,9 @@ class Communicator:
             if device == "cpu":
                 comm = cpu_backend.create(self._rendezvous, self.options)
             else:
-                comm = cuda_backend.create(self._rendezvous, index,
-                                           self.options.slice_bytes or self.options.cuda_slice_bytes)
+                ordinal = sum(1 for kind, _ in self._backends if kind == "cuda")
+                comm = cuda_backend.create(self._rendezvous, index, self.options.slice_bytes
+                                           or self.options.cuda_slice_bytes, ordinal)
             self._backends[key] = comm
         return comm
 

@@ -21,21 +21,30 @@ def available():
     return bool(_C.build_info()["cuda"]) and _C.cuda_available()
 
 
-def create(rendezvous, device_index, slice_bytes=None):
-    """A _C.CudaCommunicator on `device_index`; every rank of the group calls this together."""
+def create(rendezvous, device_index, slice_bytes=None, ordinal=0):
+    """A _C.Communicator over a _C.CudaRing on `device_index`; every rank of the group calls
+    this together.
+
+    The NCCL id is published under this communicator's rendezvous prefix and `ordinal` (the
+    how-manieth CUDA backend of the communicator, 0 for the usual one device per rank), never
+    under a device index: on a multi-GPU node rank r uses device r, and all read rank 0's id."""
     if not _C.build_info()["cuda"]:
         raise _C.RingcommError("this ringcomm was built without CUDA (no nvcc at build time); "
                                "reinstall it on a machine with the CUDA toolkit")
     if not _C.cuda_available():
         raise _C.RingcommError("CUDA tensors were given but no CUDA device is usable")
     hint = nccl_library_hint()
-    key = f"nccl-id-cuda{device_index}"
+    key = f"nccl-id/{ordinal}"
     if rendezvous.rank == 0:
         rendezvous.publish(key, _C.nccl_unique_id(hint))
     unique_id = rendezvous.read(key, 0)
-    return _C.CudaCommunicator(rendezvous.rank, rendezvous.world_size, device_index, unique_id,
-                               slice_bytes=slice_bytes or SLICE_BYTES,
-                               timeout=rendezvous.timeout, library_hint=hint)
+    slice_bytes = slice_bytes or SLICE_BYTES
+    ring = _C.CudaRing(rendezvous.rank, rendezvous.world_size, device_index, unique_id,
+                       slice_bytes=slice_bytes, timeout=rendezvous.timeout, library_hint=hint)
+    comm = _C.Communicator(rendezvous.rank, rendezvous.world_size, ring.transport, ring.reducer,
+                           slice_bytes)
+    ring.release()  # the communicator owns them now: its close() frees the GPU resources
+    return comm
 
 
 def current_stream(buf):

@@ -2,6 +2,7 @@
 from dataclasses import dataclass
 
 from . import _C
+from .buffers import as_c_dtype
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class Schedule:
 
     Example::
 
-        >>> print(ringcomm.schedule("all_reduce", world_size=3, count=6))
+        >>> print(ringcomm.schedule("all_reduce", world_size=3, count=12))
     """
 
     primitive: str
@@ -63,11 +64,13 @@ class Schedule:
         return "\n".join(lines)
 
 
-def schedule(primitive="all_reduce", world_size=4, count=None, root=0):
+def schedule(primitive="all_reduce", world_size=4, count=None, root=0, dtype="float32",
+             wire_dtype=None):
     """The plan every rank follows for ``primitive`` (a name as in torch.distributed).
 
     ``count`` is the tensor's elements for all_reduce, broadcast and reduce, and one rank's block
-    for the others (default: one element per rank).
+    for the others (default: one element per rank). ``dtype`` and ``wire_dtype`` (torch dtypes or
+    names) matter to all_reduce only: its chunks start on 16-byte boundaries of both.
 
     Example::
 
@@ -81,7 +84,10 @@ def schedule(primitive="all_reduce", world_size=4, count=None, root=0):
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     if count is None:
         count = world_size if primitive in ("all_reduce", "broadcast", "reduce") else 1
-    plans = [_C.make_plan(kind, rank, world_size, count, root) for rank in range(world_size)]
+    c_dtype = as_c_dtype(dtype)
+    c_wire = c_dtype if wire_dtype is None else as_c_dtype(wire_dtype)
+    plans = [_C.make_plan(kind, rank, world_size, count, root, c_dtype, c_wire)
+             for rank in range(world_size)]
     steps = tuple(tuple(Step(**s) for s in plan["steps"]) for plan in plans)
     chunks = tuple(tuple(c) for c in plans[0]["chunks"])
     return Schedule(primitive, world_size, count, root, chunks, steps)

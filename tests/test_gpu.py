@@ -191,13 +191,13 @@ def _assert_bits(actual, expected, what, nan_bits=True):
 def _cpu_wire_reduce(op, out0, out1, a, b, n, divisor, finalize, wire):
     """The CPU reducer on host tensors (out0/a float32, out1/b in `wire`)."""
     try:
-        _C.CpuReducer().reduce(out0.data_ptr() if out0 is not None else 0,
-                               out1.data_ptr() if out1 is not None else 0,
-                               a.data_ptr(), b.data_ptr(), n, _C.DataType.float32,
-                               getattr(_C.RedOp, op), divisor, finalize,
-                               wire_dtype=getattr(_C.DataType, wire))
+        _C.testing.cpu_reduce(out0.data_ptr() if out0 is not None else 0,
+                              out1.data_ptr() if out1 is not None else 0,
+                              a.data_ptr(), b.data_ptr(), n, _C.DataType.float32,
+                              getattr(_C.RedOp, op), divisor, finalize,
+                              wire_dtype=getattr(_C.DataType, wire))
     except TypeError:
-        pytest.skip("CpuReducer.reduce takes no wire_dtype in this build")
+        pytest.skip("the CPU reducer takes no wire_dtype in this build")
 
 
 def _run_wire_kernel(op, out0, out1, a, b, n, wire, divisor=1, finalize=False, scale=1.0):
@@ -380,12 +380,15 @@ def _worker(fn, rank, world, store_path, errors):
         if rank == 0:
             store.set("ringcomm-nccl-id", _C.nccl_unique_id(_nccl_hint()))
         uid = store.get("ringcomm-nccl-id")
-        comm = _C.CudaCommunicator(rank, world, 0, uid, slice_bytes=64 * 1024, timeout=60.0,
-                                   library_hint=_nccl_hint())
+        # 1 MiB slices: ranks time-slice one GPU, so fewer, larger messages.
+        ring = _C.CudaRing(rank, world, 0, uid, slice_bytes=SLICE_BYTES, timeout=60.0,
+                           library_hint=_nccl_hint())
+        comm = _C.Communicator(rank, world, ring.transport, ring.reducer, SLICE_BYTES)
         try:
-            fn(comm, rank, world, store)
+            fn(comm, ring, rank, world, store)
         finally:
             comm.close()
+            ring.release()
     except BaseException:
         errors.put((rank, traceback.format_exc()))
         raise SystemExit(1)
@@ -439,18 +442,21 @@ def _expected(op, world, n, dtype):
     return r.to(dtype)
 
 
-PRIMITIVE_COUNTS = [0, 1, 7, 1000, (1 << 20) + 3]
+# Up to ~64 K elements plus one ~1 M (ranks share one GPU, time-sliced); 1 M + 3 spans several
+# 1 MiB slices, and the odd counts give chunks that end off the 16-byte grid.
+PRIMITIVE_COUNTS = [0, 1, 7, 1000, 65539, (1 << 20) + 3]
+SLICE_BYTES = 1 << 20
 REDUCE_CASES = [("float32", "sum"), ("bfloat16", "sum"), ("float16", "avg"), ("int32", "sum"),
                 ("int64", "max"), ("float32", "prod"), ("float64", "min"), ("int8", "avg")]
 
 
-def _all_primitives(comm, rank, world, store):
+def _all_primitives(comm, ring, rank, world, store):
     stream = torch.cuda.current_stream().cuda_stream
     for n in PRIMITIVE_COUNTS:
         for name, op in REDUCE_CASES:
             dt, cdt, cop = DTYPES[name], getattr(_C.DataType, name), getattr(_C.RedOp, op)
             x = _values(rank, n, dt)
-            comm.all_reduce(x.data_ptr(), n, cdt, cop, stream)
+            comm.all_reduce(x.data_ptr(), n, cdt, cop, stream=stream)
             _assert_same(x, _expected(op, world, n, dt), f"all_reduce {name} {op} n={n}")
 
             big = torch.cat([_values(rank, n, dt) for _ in range(world)])
@@ -485,10 +491,10 @@ def _all_primitives(comm, rank, world, store):
         comm.scatter(piece.data_ptr(), everyone.data_ptr() if rank == src else 0, n, cdt, src,
                      stream)
         _assert_same(piece, _values(rank, n, dt), f"scatter n={n}")
-    comm.synchronize(60.0)
+    ring.synchronize(60.0)
 
 
-def _wire_all_reduce(comm, rank, world, store):
+def _wire_all_reduce(comm, ring, rank, world, store):
     """float32 all_reduce on a 16-bit wire: exact for small integers, and every rank ends with
     the same bits (what the ring sent) for arbitrary values."""
     stream = torch.cuda.current_stream().cuda_stream
@@ -498,7 +504,7 @@ def _wire_all_reduce(comm, rank, world, store):
             for op in ("sum", "avg", "max", "min"):
                 x = _values(rank, n, torch.float32)
                 comm.all_reduce(x.data_ptr(), n, _C.DataType.float32, getattr(_C.RedOp, op),
-                                stream, wire_dtype=cwire)
+                                wire_dtype=cwire, stream=stream)
                 want = _expected(op, world, n, torch.float32)
                 if op == "avg":  # the quotient is rounded to the wire like everything sent
                     want = want.to(DTYPES[wire]).float()
@@ -506,15 +512,15 @@ def _wire_all_reduce(comm, rank, world, store):
 
             gen = torch.Generator(device="cuda").manual_seed(1000 + rank)
             x = torch.randn(n, generator=gen, device="cuda")
-            comm.all_reduce(x.data_ptr(), n, _C.DataType.float32, _C.RedOp.sum, stream,
-                            wire_dtype=cwire)
+            comm.all_reduce(x.data_ptr(), n, _C.DataType.float32, _C.RedOp.sum,
+                            wire_dtype=cwire, stream=stream)
             everyone = torch.empty(world * n, device="cuda")
             comm.all_gather(everyone.data_ptr(), x.data_ptr(), n, _C.DataType.float32, stream)
             for r in range(world):
                 _assert_bits(everyone[r * n:(r + 1) * n], x,
                              f"{wire} wire sum n={n}: rank {r} differs from rank {rank}")
             assert torch.equal(x.to(DTYPES[wire]).float(), x), "results are wire values"
-    comm.synchronize(60.0)
+    ring.synchronize(60.0)
 
 
 @pytest.mark.parametrize("world", WORLDS)
@@ -522,7 +528,7 @@ def test_wire_all_reduce(world):
     _launch(world, _wire_all_reduce)
 
 
-def _stream_semantics(comm, rank, world, store):
+def _stream_semantics(comm, ring, rank, world, store):
     """Work queued before the collective on a side stream is seen; work after sees the result;
     the same holds when the collective is captured in a CUDA graph and replayed."""
     n = (1 << 22) + 5
@@ -531,7 +537,8 @@ def _stream_semantics(comm, rank, world, store):
     with torch.cuda.stream(side):
         torch.cuda._sleep(50_000_000)  # the collective must wait for this fill
         x.fill_(rank + 1.0)
-        comm.all_reduce(x.data_ptr(), n, _C.DataType.float32, _C.RedOp.sum, side.cuda_stream)
+        comm.all_reduce(x.data_ptr(), n, _C.DataType.float32, _C.RedOp.sum,
+                        stream=side.cuda_stream)
         y = x * 2
     side.synchronize()
     total = world * (world + 1) / 2
@@ -539,10 +546,17 @@ def _stream_semantics(comm, rank, world, store):
 
     # Scaled all_reduce (DDP's pre-divided sum).
     x.fill_(rank + 1.0)
-    comm.all_reduce(x.data_ptr(), n, _C.DataType.float32, _C.RedOp.sum,
-                    torch.cuda.current_stream().cuda_stream, 1.0 / world)
+    comm.all_reduce(x.data_ptr(), n, _C.DataType.float32, _C.RedOp.sum, scale=1.0 / world,
+                    stream=torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
     assert torch.allclose(x, torch.full_like(x, total / world))
+
+    # query() answers for eager work even when the latest collective was captured in a graph.
+    slow = torch.cuda.Stream()
+    with torch.cuda.stream(slow):
+        torch.cuda._sleep(2_000_000_000)  # ~1 s: still running after the capture below
+        comm.all_reduce(x.data_ptr(), n, _C.DataType.float32, _C.RedOp.sum,
+                        stream=slow.cuda_stream)
 
     g = torch.cuda.CUDAGraph()
     buf = torch.zeros(1000, device="cuda")
@@ -551,8 +565,11 @@ def _stream_semantics(comm, rank, world, store):
     with torch.cuda.stream(capture):
         with torch.cuda.graph(g, stream=capture):
             comm.all_reduce(buf.data_ptr(), 1000, _C.DataType.float32, _C.RedOp.sum,
-                            capture.cuda_stream)
+                            stream=capture.cuda_stream)
     torch.cuda.current_stream().wait_stream(capture)
+    assert not ring.query(), "the eager all_reduce behind the sleep is still running"
+    ring.synchronize(60.0)
+    assert ring.query()
     for value in (1.0, 2.0):
         buf.fill_(value * (rank + 1))
         g.replay()
@@ -560,21 +577,21 @@ def _stream_semantics(comm, rank, world, store):
         assert torch.all(buf == value * total), f"graph replay with {value}"
 
 
-def _timeout(comm, rank, world, store):
+def _timeout(comm, ring, rank, world, store):
     """A rank that stops calling makes the other time out with an error naming its peers."""
     x = torch.ones(1 << 20, device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
     # Together first: NCCL connects peers lazily, and connecting needs both sides.
-    comm.all_reduce(x.data_ptr(), x.numel(), _C.DataType.float32, _C.RedOp.sum, stream)
-    comm.synchronize(60.0)
+    comm.all_reduce(x.data_ptr(), x.numel(), _C.DataType.float32, _C.RedOp.sum, stream=stream)
+    ring.synchronize(60.0)
     if rank == 0:
-        comm.all_reduce(x.data_ptr(), x.numel(), _C.DataType.float32, _C.RedOp.sum, stream)
+        comm.all_reduce(x.data_ptr(), x.numel(), _C.DataType.float32, _C.RedOp.sum, stream=stream)
         with pytest.raises(RuntimeError, match="did not finish.*rank 0 of 2.*rank 1"):
-            comm.synchronize(5.0)
+            ring.synchronize(5.0)
         store.set("rank0-done", b"1")
     else:
         store.get("rank0-done")
-        comm.abort("test over")
+        ring.abort("test over")
 
 
 @pytest.mark.parametrize("world", WORLDS)
@@ -589,6 +606,14 @@ def test_stream_semantics_and_graphs(world):
 
 def test_timeout_names_peers():
     _launch(2, _timeout)
+
+
+def test_missing_peer_times_out_at_creation():
+    """The watchdog: a blocking NCCL init whose peer never joins aborts and raises instead of
+    hanging."""
+    uid = _C.nccl_unique_id(_nccl_hint())
+    with pytest.raises(_C.CommTimeoutError, match="creating the NCCL communicator.*rank 0 of 2"):
+        _C.CudaRing(0, 2, 0, uid, timeout=5.0, library_hint=_nccl_hint())
 
 
 def test_python_api_on_cuda_tensors():

@@ -11,9 +11,10 @@ from ringcomm import _C
 PRIMITIVES = list(_C.Primitive.__members__)
 
 
-def plans(primitive, n, count, root):
+def plans(primitive, n, count, root, dtype=None):
     kind = _C.Primitive.__members__[primitive]
-    return [_C.make_plan(kind, r, n, count, root) for r in range(n)]
+    c_dtype = None if dtype is None else getattr(_C.DataType, dtype)
+    return [_C.make_plan(kind, r, n, count, root, c_dtype) for r in range(n)]
 
 
 def initial(primitive, rank, n, root):
@@ -27,9 +28,9 @@ def initial(primitive, rank, n, root):
     return lambda chunk: ("scatter", chunk) if rank == root else None  # scatter
 
 
-def simulate(primitive, n, count, root=0):
+def simulate(primitive, n, count, root=0, dtype=None):
     """Runs all plans over FIFO channels; returns each rank's final chunks (dict chunk -> value)."""
-    all_plans = plans(primitive, n, count, root)
+    all_plans = plans(primitive, n, count, root, dtype)
     buffers = []
     for r, plan in enumerate(all_plans):
         start = initial(primitive, r, n, root)
@@ -129,6 +130,63 @@ def test_allreduce_chunks_tile_the_buffer(n, count):
     assert max(c for _, c in chunks) - min(c for _, c in chunks) <= 1
 
 
+DTYPE_SIZES = {"int8": 1, "float16": 2, "bfloat16": 2, "float32": 4, "int64": 8, "float64": 8}
+ALIGN_COUNTS = [0, 1, 2, 3, 5, 7, 15, 16, 17, 31, 63, 97, 1000, 4099, 65537, 1000003, 16 << 20]
+
+
+@pytest.mark.parametrize("dtype", list(DTYPE_SIZES))
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 7, 8, 16])
+def test_allreduce_chunks_start_on_16_byte_boundaries(n, dtype):
+    """Kernels take the vector path only when a chunk starts at the same 16-byte phase in the
+    caller's buffer and in a slot: so every chunk start is a multiple of 16 bytes."""
+    size = DTYPE_SIZES[dtype]
+    align = max(1, 16 // size)
+    counts = ALIGN_COUNTS + [n - 1, n + 1, align * n - 1, align * n + 1]
+    for count in counts:
+        chunks = _C.make_plan(_C.Primitive.all_reduce, 0, n, count, 0,
+                              getattr(_C.DataType, dtype))["chunks"]
+        assert len(chunks) == n
+        assert chunks[0][0] == 0 and sum(c for _, c in chunks) == count
+        assert all(chunks[i][0] + chunks[i][1] == chunks[i + 1][0] for i in range(n - 1))
+        assert all(offset * size % 16 == 0 for offset, _ in chunks), (count, chunks)
+        # Whole 16-byte groups spread evenly; only the last chunk holds the leftover elements.
+        groups = [c // align for _, c in chunks[:-1]] + [(chunks[-1][1] - count % align) // align]
+        assert all(c % align == 0 for _, c in chunks[:-1])
+        assert max(groups) - min(groups) <= 1 and groups == sorted(groups, reverse=True)
+
+
+@pytest.mark.parametrize("wire", ["float16", "bfloat16"])
+def test_wire_allreduce_chunks_align_on_the_narrower_type(wire):
+    """float32 data on a 16-bit wire: 16 bytes of the wire type are 8 elements, which are also
+    32 bytes of the data: aligned in the buffer and in the slots."""
+    chunks = _C.make_plan(_C.Primitive.all_reduce, 0, 3, 1001, 0, _C.DataType.float32,
+                          getattr(_C.DataType, wire))["chunks"]
+    assert [o for o, _ in chunks] == [0, 336, 672] and chunks[-1][1] == 1001 - 672
+
+
+def test_every_rank_gets_the_same_aligned_chunks():
+    """The chunk table is the same on every rank (CPU and GPU communicators alike build it
+    from the same request), or ranks would exchange different ranges."""
+    for n, count in [(3, 1001), (8, 12345), (5, 7)]:
+        tables = {tuple(map(tuple, _C.make_plan(_C.Primitive.all_reduce, r, n, count, 0,
+                                                 _C.DataType.bfloat16)["chunks"]))
+                  for r in range(n)}
+        assert len(tables) == 1
+
+
+@pytest.mark.parametrize("dtype", list(DTYPE_SIZES))
+@pytest.mark.parametrize("n", [2, 3, 5, 8])
+def test_aligned_allreduce_plans_still_reduce_every_chunk_once(n, dtype):
+    """The symbolic run again, on the aligned plans (empty chunks included); every step works
+    on exactly its chunk's range."""
+    for count in (0, 1, n - 1, 7, 97, 4099):
+        buffers, all_plans = simulate("all_reduce", n, count, dtype=dtype)
+        assert all(buffers[r][c] == Counter(range(n)) for r in range(n) for c in range(n))
+        for plan in all_plans:
+            for step in plan["steps"]:
+                assert (step["offset"], step["count"]) == tuple(plan["chunks"][step["chunk"]])
+
+
 def test_column_count_covers_the_longest_chunk():
     prim = _C.Primitive.all_reduce
     assert _C.testing.column_count(prim, 4, 0, 16) == 1  # empty collectives still exchange one message
@@ -154,9 +212,11 @@ def test_bad_requests_raise():
 
 
 def test_schedule_text_view():
-    text = str(ringcomm.schedule("all_reduce", world_size=3, count=6))
-    assert "all_reduce: 3 ranks, count 6" in text
-    assert "c0=[0,2) c1=[2,4) c2=[4,6)" in text
+    text = str(ringcomm.schedule("all_reduce", world_size=3, count=14))
+    assert "all_reduce: 3 ranks, count 14" in text
+    assert "c0=[0,4) c1=[4,8) c2=[8,14)" in text  # float32: chunks start 16 bytes apart
+    int8 = ringcomm.schedule("all_reduce", world_size=2, count=40, dtype="int8").chunks
+    assert int8 == ((0, 16), (16, 24))
     assert "c2 ->1" in text  # rank 0's first step sends chunk 2 to rank 1
     with pytest.raises(ValueError, match="unknown primitive"):
         ringcomm.schedule("allreduce")

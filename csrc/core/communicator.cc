@@ -43,22 +43,23 @@ void Communicator::checkRoot(int root, const char* name) const {
            worldSize_, "-rank communicator");
 }
 
-void Communicator::run(Collective& c, RedOp op, DataType type) { run(c, op, type, type); }
-
-void Communicator::run(Collective& c, RedOp op, DataType type, DataType wireType) {
+void Communicator::prepare(Collective& c, RedOp op, DataType type, DataType wireType,
+                           float scale) {
   std::string why;
   RC_CHECK(opSupported(op, type, &why), why);
   checkWireType(type, wireType);
-  c.spec = ReduceSpec{type, op, worldSize_, wireType};
+  RC_CHECK(scale == 1.0f || isFloatingPoint(type), "a scaled ", primitiveName(c.plan.request.primitive),
+           " needs a floating type, got ", dataTypeName(type));
+  RC_CHECK(scale == 1.0f || reducer_->scales(), "this device's reducer cannot scale results");
+  c.spec = ReduceSpec{type, op, worldSize_, wireType, scale};
   c.sequence = sequence_++;
-  if (worldSize_ == 1 && (op == RedOp::LAnd || op == RedOp::LOr)) {
-    // No step combines anything, yet logical ops still turn values into 0/1: op(x, x) does.
-    reducer_->reduce(c.output.base, nullptr, c.output.base, c.output.base, c.output.count,
-                     c.spec, true);
-    return;
-  }
+}
+
+void Communicator::collective(uintptr_t stream, const std::function<void()>& body) {
   try {
-    Executor(*transport_, *reducer_, options_.sliceBytes).run(c);
+    transport_->begin(stream);
+    body();
+    transport_->end();
   } catch (const Error& e) {
     failure_ = e.what();
     transport_->abort(failure_);
@@ -66,97 +67,128 @@ void Communicator::run(Collective& c, RedOp op, DataType type, DataType wireType
   }
 }
 
-void Communicator::allReduce(void* data, size_t count, DataType type, RedOp op) {
-  allReduce(data, count, type, op, type);
+void Communicator::execute(const Collective& c) {
+  if (worldSize_ == 1) {
+    // No step combines anything, yet logical ops still turn values into 0/1 (op(x, x) does)
+    // and a scale still multiplies (max(x, x) == x, then * scale).
+    const bool logical = c.spec.op == RedOp::LAnd || c.spec.op == RedOp::LOr;
+    if (logical || c.spec.scale != 1.0f) {
+      ReduceSpec spec = c.spec;
+      if (!logical) spec.op = RedOp::Max;
+      reducer_->reduce(c.output.base, nullptr, c.output.base, c.output.base, c.output.count,
+                       spec, true);
+    }
+    return;
+  }
+  Executor(*transport_, *reducer_, options_.sliceBytes).run(c);
 }
 
 void Communicator::allReduce(void* data, size_t count, DataType type, RedOp op,
-                             DataType wireType) {
+                             uintptr_t stream) {
+  allReduce(data, count, type, op, type, 1.0f, stream);
+}
+
+void Communicator::allReduce(void* data, size_t count, DataType type, RedOp op,
+                             DataType wireType, float scale, uintptr_t stream) {
   checkUsable();
   Collective c;
-  c.plan = makePlan({Primitive::AllReduce, rank_, worldSize_, count, 0});
+  c.plan = makePlan(
+      {Primitive::AllReduce, rank_, worldSize_, count, 0, chunkAlignment(type, wireType)});
   c.input = c.output = view(data, 0, count);
-  run(c, op, type, wireType);
+  prepare(c, op, type, wireType, scale);
+  collective(stream, [&] { execute(c); });
 }
 
 void Communicator::reduceScatter(void* output, const void* input, size_t outputCount,
-                                 DataType type, RedOp op) {
+                                 DataType type, RedOp op, uintptr_t stream) {
   checkUsable();
   Collective c;
   c.plan = makePlan({Primitive::ReduceScatter, rank_, worldSize_, outputCount, 0});
   c.input = view(input, 0, outputCount * worldSize_);
   c.output = view(output, outputCount * rank_, outputCount);
-  if (worldSize_ == 1) {
-    std::string why;
-    RC_CHECK(opSupported(op, type, &why), why);
-    reducer_->copy(output, nullptr, input, outputCount * dataTypeSize(type));
-  }
-  run(c, op, type);
+  prepare(c, op, type, type);
+  collective(stream, [&] {
+    if (worldSize_ == 1) reducer_->copy(output, nullptr, input, outputCount * dataTypeSize(type));
+    execute(c);
+  });
 }
 
-void Communicator::allGather(void* output, const void* input, size_t inputCount,
-                             DataType type) {
+void Communicator::allGather(void* output, const void* input, size_t inputCount, DataType type,
+                             uintptr_t stream) {
   checkUsable();
   Collective c;
   c.plan = makePlan({Primitive::AllGather, rank_, worldSize_, inputCount, 0});
   c.input = c.output = view(output, 0, inputCount * worldSize_);
-  const size_t bytes = inputCount * dataTypeSize(type);
-  char* own = static_cast<char*>(output) + rank_ * bytes;
-  if (own != input) reducer_->copy(own, nullptr, input, bytes);
-  run(c, RedOp::Sum, type);
+  prepare(c, RedOp::Sum, type, type);
+  collective(stream, [&] {
+    const size_t bytes = inputCount * dataTypeSize(type);
+    char* own = static_cast<char*>(output) + rank_ * bytes;
+    if (own != input) reducer_->copy(own, nullptr, input, bytes);
+    execute(c);
+  });
 }
 
-void Communicator::broadcast(void* data, size_t count, DataType type, int src) {
+void Communicator::broadcast(void* data, size_t count, DataType type, int src,
+                             uintptr_t stream) {
   checkUsable();
   checkRoot(src, "src");
   Collective c;
   c.plan = makePlan({Primitive::Broadcast, rank_, worldSize_, count, src});
   c.input = c.output = view(data, 0, count);
-  run(c, RedOp::Sum, type);
+  prepare(c, RedOp::Sum, type, type);
+  collective(stream, [&] { execute(c); });
 }
 
-void Communicator::reduce(void* data, size_t count, DataType type, RedOp op, int dst) {
+void Communicator::reduce(void* data, size_t count, DataType type, RedOp op, int dst,
+                          uintptr_t stream) {
   checkUsable();
   checkRoot(dst, "dst");
   Collective c;
   c.plan = makePlan({Primitive::Reduce, rank_, worldSize_, count, dst});
   c.input = c.output = view(data, 0, count);
-  run(c, op, type);
+  prepare(c, op, type, type);
+  collective(stream, [&] { execute(c); });
 }
 
 void Communicator::gather(void* output, const void* input, size_t inputCount, DataType type,
-                          int dst) {
+                          int dst, uintptr_t stream) {
   checkUsable();
   checkRoot(dst, "dst");
   Collective c;
   c.plan = makePlan({Primitive::Gather, rank_, worldSize_, inputCount, dst});
+  const size_t bytes = inputCount * dataTypeSize(type);
   if (rank_ == dst) {
     RC_CHECK(output != nullptr || inputCount == 0, "gather needs an output on dst rank ", dst);
     c.input = c.output = view(output, 0, inputCount * worldSize_);
-    const size_t bytes = inputCount * dataTypeSize(type);
-    char* own = static_cast<char*>(output) + rank_ * bytes;
-    if (own != input) reducer_->copy(own, nullptr, input, bytes);
   } else {
     c.input = view(input, inputCount * rank_, inputCount);
   }
-  run(c, RedOp::Sum, type);
+  prepare(c, RedOp::Sum, type, type);
+  collective(stream, [&] {
+    char* own = rank_ == dst ? static_cast<char*>(output) + rank_ * bytes : nullptr;
+    if (own != nullptr && own != input) reducer_->copy(own, nullptr, input, bytes);
+    execute(c);
+  });
 }
 
 void Communicator::scatter(void* output, const void* input, size_t outputCount, DataType type,
-                           int src) {
+                           int src, uintptr_t stream) {
   checkUsable();
   checkRoot(src, "src");
   Collective c;
   c.plan = makePlan({Primitive::Scatter, rank_, worldSize_, outputCount, src});
   c.output = view(output, outputCount * rank_, outputCount);
+  const size_t bytes = outputCount * dataTypeSize(type);
   if (rank_ == src) {
     RC_CHECK(input != nullptr || outputCount == 0, "scatter needs an input on src rank ", src);
     c.input = view(input, 0, outputCount * worldSize_);
-    const size_t bytes = outputCount * dataTypeSize(type);
-    const char* own = static_cast<const char*>(input) + rank_ * bytes;
-    if (own != output) reducer_->copy(output, nullptr, own, bytes);
   }
-  run(c, RedOp::Sum, type);
+  prepare(c, RedOp::Sum, type, type);
+  collective(stream, [&] {
+    const char* own = rank_ == src ? static_cast<const char*>(input) + rank_ * bytes : nullptr;
+    if (own != nullptr && own != output) reducer_->copy(output, nullptr, own, bytes);
+    execute(c);
+  });
 }
 
 void Communicator::close() {

@@ -28,7 +28,10 @@ void Executor::run(const Collective& c) {
   const size_t elemSize =
       std::max(dataTypeSize(c.spec.type), dataTypeSize(c.spec.wireType));
   size_t sliceBytes = std::min(sliceBytes_, transport_.maxMessageBytes());
-  const size_t sliceElems = std::max<size_t>(1, sliceBytes / elemSize);
+  size_t sliceElems = std::max<size_t>(1, sliceBytes / elemSize);
+  // Slices start where chunks do: on 16-byte boundaries, whenever a slice holds that much.
+  const size_t align = c.plan.request.alignElems;
+  if (sliceElems > align) sliceElems -= sliceElems % align;
   RC_CHECK(sliceElems * elemSize <= transport_.maxMessageBytes(), "a ", elemSize,
            "-byte element does not fit the transport's messages");
   const size_t wireSize = dataTypeSize(c.spec.wireType);
@@ -72,6 +75,21 @@ void Executor::runStep(const Collective& c, const Step& step, const Range& slice
   const size_t elemSize = dataTypeSize(c.spec.type);
   const bool sameType = c.spec.type == c.spec.wireType;
   char* stored = step.store ? locate(c.output, slice, elemSize, "write") : nullptr;
+  if (transport_.movesUserBuffers() && sameType && !step.reduce && !step.ack) {
+    // Copy-only steps move the caller's bytes themselves, with no staging copy: the first send
+    // straight from the input, a hop that keeps what it forwards received in place and sent on
+    // from there. Forwards that keep nothing (gather, scatter) still go through a slot.
+    if (step.recvFrom < 0) {
+      RC_CHECK(!step.store, "a step without a receive can only send");
+      transport_.sendFrom(step.sendTo, locate(c.input, slice, elemSize, "read"), envelope);
+      return;
+    }
+    if (stored != nullptr) {
+      transport_.recvInto(step.recvFrom, stored, envelope);
+      if (step.sendTo >= 0) transport_.sendFrom(step.sendTo, stored, envelope);
+      return;
+    }
+  }
   if (step.recvFrom >= 0 && step.sendTo >= 0 && !step.reduce && sameType &&
       transport_.forwardsInPlace()) {
     // Passed on unchanged (allgather, broadcast): forward first so the next rank can start,

@@ -150,9 +150,19 @@ class PlanBuilder {
 
 }  // namespace
 
-Range balancedChunk(size_t count, int parts, int index) {
-  size_t base = count / parts, extra = count % parts, i = static_cast<size_t>(index);
-  return Range{i * base + std::min(i, extra), base + (i < extra ? 1 : 0)};
+size_t chunkAlignment(DataType type, DataType wireType) {
+  const size_t narrowest = std::min(dataTypeSize(type), dataTypeSize(wireType));
+  return std::max<size_t>(1, kChunkAlignBytes / narrowest);
+}
+
+Range balancedChunk(size_t count, int parts, int index, size_t align) {
+  RC_CHECK(parts >= 1 && index >= 0 && index < parts, "chunk ", index, " of ", parts);
+  RC_CHECK(align >= 1, "chunk alignment must be at least one element");
+  const size_t groups = count / align, i = static_cast<size_t>(index);
+  const size_t base = groups / parts, extra = groups % parts;
+  Range range{(i * base + std::min(i, extra)) * align, (base + (i < extra ? 1 : 0)) * align};
+  if (index == parts - 1) range.count += count % align;
+  return range;
 }
 
 Range sliceOf(const Range& range, size_t column, size_t sliceElems) {
@@ -184,7 +194,7 @@ Plan makePlan(const PlanRequest& request) {
   plan.bufferCount = chunked && !balanced ? request.count * n : request.count;
   if (chunked) {
     for (int i = 0; i < n; ++i)
-      plan.chunks.push_back(balanced ? balancedChunk(request.count, n, i)
+      plan.chunks.push_back(balanced ? balancedChunk(request.count, n, i, request.alignElems)
                                      : Range{request.count * i, request.count});
   } else {
     plan.chunks.push_back(Range{0, request.count});

@@ -15,9 +15,10 @@ class module_;
 
 namespace ringcomm {
 
-class Communicator;
 class NcclTransport;
 class CudaReducer;
+class Reducer;
+class Transport;
 
 // Whether a CUDA device is usable; any cudaGetDeviceCount error (no driver) means "no".
 bool cudaAvailable();
@@ -42,61 +43,38 @@ void convertOnDevice(uintptr_t out0, uintptr_t out1, uintptr_t src, bool srcIsWi
                      DataType wireType, uintptr_t stream);
 void copyOnDevice(uintptr_t out0, uintptr_t out1, uintptr_t src, size_t bytes, uintptr_t stream);
 
-struct CudaCommunicatorOptions {
+struct CudaRingOptions {
   int rank = 0;
   int worldSize = 1;
   int device = 0;
   std::string uniqueId;          // 128 bytes
   size_t sliceBytes = 4 << 20;   // pipeline slice (also the NCCL staging slot size)
-  int slots = 4;                 // staging slots per direction
+  int slots = 8;                 // staging slots per direction; slots/2 slice columns in flight
   double timeoutSeconds = 600.0;
   std::string libraryHint;
 };
 
-// A ring communicator on one GPU: the core Communicator over NcclTransport and CudaReducer.
-// Every collective takes the caller's stream (a cudaStream_t as an integer): its work is ordered
-// after what is queued there, and later work there sees the result; the host does not wait.
-class CudaCommunicator {
+// The CUDA half of a ringcomm communicator on one GPU: an NCCL transport (blocking NCCL
+// communicator, watchdog) and a CUDA reducer on its compute stream. The core Communicator runs
+// them (ringcomm/cuda_backend.py builds one); this handle adds the host-side waits.
+class CudaRing {
  public:
-  explicit CudaCommunicator(const CudaCommunicatorOptions& options);
-  ~CudaCommunicator();
+  explicit CudaRing(const CudaRingOptions& options);
+  ~CudaRing();
 
-  int rank() const;
-  int worldSize() const;
-  int device() const;
-  uint64_t sequence() const;
-
-  // `scale` multiplies the reduced result (floating types; DDP's pre-divided sums).
-  // `wireType` is what travels between ranks: `type`, or float16/bfloat16 under float32 data
-  // (half the bytes; every hop still adds in float32 and every rank ends with the same bits).
-  void allReduce(void* data, size_t count, DataType type, RedOp op, uintptr_t stream,
-                 float scale, DataType wireType);
-  void reduceScatter(void* output, const void* input, size_t outputCount, DataType type,
-                     RedOp op, uintptr_t stream);
-  void allGather(void* output, const void* input, size_t inputCount, DataType type,
-                 uintptr_t stream);
-  void broadcast(void* data, size_t count, DataType type, int src, uintptr_t stream);
-  void reduce(void* data, size_t count, DataType type, RedOp op, int dst, uintptr_t stream);
-  void gather(void* output, const void* input, size_t inputCount, DataType type, int dst,
-              uintptr_t stream);
-  void scatter(void* output, const void* input, size_t outputCount, DataType type, int src,
-               uintptr_t stream);
-
-  // Whether the last collective finished on the GPU (raises on NCCL errors).
+  std::shared_ptr<Transport> transport() const;
+  std::shared_ptr<Reducer> reducer() const;
+  // Whether every collective enqueued outside graph capture has finished (raises on errors).
   bool query();
-  // Host wait for the last collective; aborts and raises TimeoutError past the deadline.
+  // Host wait for them; aborts and raises TimeoutError past the deadline (<= 0: the timeout).
   void synchronize(double timeoutSeconds);
   void abort(const std::string& why);
-  void close();
+  // Drops this handle's references (the communicator keeps the ring alive until it closes).
+  void release();
 
  private:
-  template <typename Fn>
-  void run(uintptr_t stream, Fn&& fn);
-
-  CudaCommunicatorOptions options_;
   std::shared_ptr<NcclTransport> transport_;
   std::shared_ptr<CudaReducer> reducer_;
-  std::unique_ptr<Communicator> comm_;
 };
 
 // Adds the CUDA functions and classes to the extension module (csrc/bindings_cuda.cc).

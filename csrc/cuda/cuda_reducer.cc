@@ -6,8 +6,6 @@
 
 namespace ringcomm {
 
-CudaReducer::CudaReducer(int device) : device_(device) {}
-
 void CudaReducer::reduce(void* out0, void* out1, const void* a, const void* b, size_t n,
                          const ReduceSpec& spec, bool finalize) {
   ReduceLaunch l;
@@ -21,7 +19,7 @@ void CudaReducer::reduce(void* out0, void* out1, const void* a, const void* b, s
   l.op = spec.op;
   l.divisor = spec.divisor;
   l.finalize = finalize;
-  l.scale = finalize ? finalScale_ : 1.0f;
+  l.scale = finalize ? spec.scale : 1.0f;
   CudaDeviceGuard guard(device_);
   launchReduce(l, stream_);
 }

@@ -10,8 +10,9 @@ namespace ringcomm {
 
 class CudaReducer : public Reducer {
  public:
-  explicit CudaReducer(int device);
+  CudaReducer(int device, cudaStream_t stream) : device_(device), stream_(stream) {}
 
+  bool scales() const override { return true; }
   void reduce(void* out0, void* out1, const void* a, const void* b, size_t n,
               const ReduceSpec& spec, bool finalize) override;
   void copy(void* out0, void* out1, const void* src, size_t bytes) override;
@@ -19,16 +20,12 @@ class CudaReducer : public Reducer {
   void convert(void* out0, void* out1, const void* src, bool srcIsWire, size_t n,
                const ReduceSpec& spec) override;
 
-  void setStream(cudaStream_t stream) { stream_ = stream; }
   cudaStream_t stream() const { return stream_; }
-  // Multiplies the result of finalizing steps (DDP's pre-scaled sums); 1 means none.
-  void setFinalScale(float scale) { finalScale_ = scale; }
   int device() const { return device_; }
 
  private:
   int device_;
-  cudaStream_t stream_ = nullptr;
-  float finalScale_ = 1.0f;
+  cudaStream_t stream_;
 };
 
 }  // namespace ringcomm

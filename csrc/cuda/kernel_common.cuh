@@ -13,7 +13,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <initializer_list>
+#include <map>
+#include <mutex>
+#include <utility>
 #include <type_traits>
 
 #include "cuda/cuda_check.h"
@@ -23,7 +27,9 @@
 namespace ringcomm::kern {
 
 constexpr int kThreads = 256;
-constexpr int kBlocksPerSm = 8;  // ~60-80 registers: 2-4 blocks resident, the rest queue
+// SMs a reduction leaves to NCCL's own CTAs (its send/recv kernels overlap our reduces; NCCL
+// uses a few channels per peer, one CTA each). RINGCOMM_NCCL_SMS overrides.
+constexpr int kSmsForNccl = 8;
 constexpr int kMaxDevices = 64;
 
 // The ops and their arithmetic are ringcomm/op_math.h's, shared with the CPU reducer; KOp is
@@ -153,17 +159,55 @@ __device__ __forceinline__ void walk(const R& r, Scalar scalar, MakeViews views,
 
 // -- host side: launch sizing ---------------------------------------------------------------------
 // inline, so both kernel files share one cache.
-inline int smCount() {
-  static int cache[kMaxDevices] = {};  // benign race: every writer stores the same value
+inline int currentDevice() {
   int device = 0;
   RC_CUDA_CHECK(cudaGetDevice(&device));
-  if (device < 0 || device >= kMaxDevices) device = 0;
-  if (cache[device] == 0) {
-    int sms = 0;
-    RC_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    cache[device] = sms > 0 ? sms : 1;
+  return device;
+}
+
+inline int smCount() {
+  static int cache[kMaxDevices] = {};  // benign race: every writer stores the same value
+  const int device = currentDevice();
+  int& sms = cache[device >= 0 && device < kMaxDevices ? device : 0];
+  if (sms == 0) {
+    int value = 0;
+    RC_CUDA_CHECK(cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device));
+    sms = value > 0 ? value : 1;
   }
-  return cache[device];
+  return sms;
+}
+
+// The most blocks of `blocksPerSm` resident blocks each that leave `reserved` SMs free (at
+// least one SM's worth): one wave, so no block waits for another to finish.
+inline size_t gridLimit(int sms, int blocksPerSm, int reserved) {
+  const int usable = sms - reserved > 0 ? sms - reserved : 1;
+  return static_cast<size_t>(usable) * static_cast<size_t>(blocksPerSm > 0 ? blocksPerSm : 1);
+}
+
+inline int smsForNccl() {
+  static const int value = [] {
+    const char* env = std::getenv("RINGCOMM_NCCL_SMS");
+    return env != nullptr && *env ? std::atoi(env) : kSmsForNccl;
+  }();
+  return value;
+}
+
+// Resident blocks per SM of `kernel` at kThreads threads (registers decide: ~60-80 registers
+// fit 3-4 blocks of 256), asked once per kernel and device.
+inline int residentBlocks(const void* kernel) {
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, int> cache;
+  const int device = currentDevice();
+  std::lock_guard<std::mutex> lock(mutex);
+  auto [it, fresh] = cache.try_emplace({kernel, device}, 1);
+  if (fresh) {
+    int value = 0;
+    cudaError_t status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&value, kernel, kThreads, 0);
+    if (status != cudaSuccess) cache.erase(it);
+    RC_CUDA_CHECK(status);
+    it->second = value > 0 ? value : 1;
+  }
+  return it->second;
 }
 
 struct Operand {
@@ -184,8 +228,8 @@ inline size_t alignedHead(std::initializer_list<Operand> operands, size_t perVec
   return SIZE_MAX;
 }
 
-// Splits n elements into p's Range, sizes the grid (one thread per vector, at most
-// kBlocksPerSm blocks per SM) and launches kernel(p) on the stream.
+// Splits n elements into p's Range, sizes the grid (one thread per vector, at most one wave of
+// resident blocks on the SMs NCCL does not need) and launches kernel(p) on the stream.
 template <typename P>
 void launchOver(void (*kernel)(P), P& p, size_t n, size_t head, size_t perVec,
                 cudaStream_t stream) {
@@ -194,7 +238,8 @@ void launchOver(void (*kernel)(P), P& p, size_t n, size_t head, size_t perVec,
   p.vecs = (n - p.head) / perVec;
   const size_t work = p.vecs > 0 ? p.vecs : n;
   const size_t wanted = (work + kThreads - 1) / kThreads;
-  const size_t limit = static_cast<size_t>(smCount()) * kBlocksPerSm;
+  const size_t limit =
+      gridLimit(smCount(), residentBlocks(reinterpret_cast<const void*>(kernel)), smsForNccl());
   const auto blocks = static_cast<unsigned>(wanted < limit ? (wanted > 0 ? wanted : 1) : limit);
   kernel<<<blocks, kThreads, 0, stream>>>(p);
   RC_CUDA_CHECK(cudaGetLastError());

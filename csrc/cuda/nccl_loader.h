@@ -14,7 +14,7 @@ struct NcclApi {
 
   ncclResult_t (*getUniqueId)(::ncclUniqueId*) = nullptr;
   ncclResult_t (*commInitRank)(ncclComm_t*, int, ::ncclUniqueId, int) = nullptr;
-  // Optional (NCCL >= 2.14): non-blocking communicators.
+  // Optional (NCCL >= 2.14): communicators created with a config (ringcomm asks for blocking).
   ncclResult_t (*commInitRankConfig)(ncclComm_t*, int, ::ncclUniqueId, int,
                                      ncclConfig_t*) = nullptr;
   ncclResult_t (*commAbort)(ncclComm_t) = nullptr;

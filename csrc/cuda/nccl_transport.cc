@@ -1,30 +1,15 @@
-// NcclTransport implementation.
-//
-// Why grouping sends with the next receive cannot deadlock
-// --------------------------------------------------------
-// NCCL send/recv are rendezvous operations: a send finishes only while the matching receive runs,
-// and a group holds its stream until every operation in it has finished. So a lone send group
-// on every rank of a ring deadlocks (each waits for a receive queued behind its own send). Here
-// commitSend only records a send; the next acquireRecv issues ONE group holding the pending
-// send(s) and that receive. The executor runs the same step sequence on every rank of a
-// symmetric plan (all_reduce, reduce_scatter, all_gather), so rank r's g-th group holds its
-// g-th send to r+1 and its g-th receive from r-1, while rank r+1's g-th group holds the matching
-// g-th receive from r: every group's partners sit in the partners' g-th groups, which depend
-// only on groups < g. For the chains (broadcast, reduce, gather, scatter) give each message its
-// time in a lock-step ring (a message received at time t is forwarded at time t+1): a group
-// holds a receive of time t and sends of time <= t, and every operation in a rank's earlier
-// groups has a smaller time, so by induction over time every operation's partner is enqueued
-// behind finished work only. A rank that only sends (a root) issues its sends in groups of up to
-// K when it runs out of slots, and at end(); operations inside one group progress independently,
-// so such groups only need their partners to be enqueued, which the same induction gives.
-//
-// Slot reuse: a send slot is written on `compute` only after `compute` waited for the group that
-// last sent from it (sendFree_); a receive slot is overwritten only by a later group, and every
-// group first waits for all compute work enqueued so far (computeReady_), reads included.
+// NcclTransport implementation. Which operations share an NCCL group, and why that neither
+// deadlocks nor serializes, is explained in group_queue.h; the events below order the two
+// streams per slot:
+//   send slot s:  compute writes it (kernel)      -> sendReady[id] -> the group that sends it
+//                 that group                      -> sendFree[s]   -> the next kernel writing s
+//   recv slot s:  the group that receives into it -> recvReady[s]  -> the kernel reading it
+//                 that kernel                     -> recvFree[s]   -> the next group filling s
+//   user buffers: a group receiving into them waits for all compute so far (kernels may read
+//                 the old bytes), and later compute waits for it.
 #include "cuda/nccl_transport.h"
 
 #include <algorithm>
-#include <thread>
 
 #include "cuda/cuda_check.h"
 #include "ringcomm/error.h"
@@ -34,29 +19,31 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-Clock::time_point deadlineAfter(double seconds) {
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                            std::chrono::duration<double>(seconds));
+Clock::duration seconds(double s) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
 }
 
-// Polling backs off from spinning to short sleeps: ranks may share the host's cores.
-void pause(int& rounds) {
-  if (++rounds < 64)
-    std::this_thread::yield();
-  else
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
+constexpr auto kWatchdogPeriod = std::chrono::milliseconds(50);
+constexpr double kFinalizeSeconds = 30.0;  // a vanished peer must not hold up close()
+
+bool overlaps(const void* a, size_t aBytes, const void* b, size_t bBytes) {
+  auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return x < y + bBytes && y < x + aBytes;
 }
 
 }  // namespace
 
-NcclTransport::NcclTransport(const NcclTransportOptions& options) : options_(options) {
+NcclTransport::NcclTransport(const NcclTransportOptions& options)
+    : options_(options), queue_(options.slots) {
   RC_CHECK(options_.worldSize >= 1 && options_.rank >= 0 && options_.rank < options_.worldSize,
            "rank ", options_.rank, " is outside the world of ", options_.worldSize, " ranks");
   RC_CHECK(options_.uniqueId.size() == sizeof(ncclUniqueId), "an NCCL unique id has ",
            sizeof(ncclUniqueId), " bytes, got ", options_.uniqueId.size());
   RC_CHECK(options_.slots >= 2, "NcclTransport needs at least 2 slots per direction");
   RC_CHECK(options_.slotBytes >= 16, "NcclTransport slots must hold at least 16 bytes");
+  RC_CHECK(options_.timeoutSeconds > 0, "the timeout must be positive");
   api_ = &loadNccl(options_.libraryHint);
+  watchdog_ = std::thread([this] { watch(); });
   try {
     create();
   } catch (...) {
@@ -65,77 +52,114 @@ NcclTransport::NcclTransport(const NcclTransportOptions& options) : options_(opt
   }
 }
 
+NcclTransport::~NcclTransport() { release(); }
+
 void NcclTransport::create() {
   CudaDeviceGuard guard(options_.device);
   RC_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
-  RC_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
-  for (cudaEvent_t* e : {&callerReady_, &computeReady_, &groupDone_, &commDone_, &done_})
+  RC_CUDA_CHECK(cudaStreamCreateWithFlags(&commStream_, cudaStreamNonBlocking));
+  auto make = [](std::vector<cudaEvent_t>& events, size_t n) {
+    events.assign(n, nullptr);
+    for (cudaEvent_t& e : events) RC_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  };
+  for (cudaEvent_t* e : {&callerReady_, &computeAll_, &commAll_, &done_})
     RC_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
-  sendFree_.assign(options_.slots, nullptr);
-  sendSlotGroup_.assign(options_.slots, 0);
-  for (cudaEvent_t& e : sendFree_) RC_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  const size_t slots = static_cast<size_t>(options_.slots);
+  make(sendReady_, 2 * slots);  // more than ever wait in the queue (group_queue.h)
+  make(sendFree_, slots);
+  make(recvReady_, slots);
+  make(recvFree_, slots);
+  make(inflightEvents_, kInflightEvents);
+  sendFreePending_.assign(slots, false);
+  recvFreePending_.assign(slots, false);
   slotStride_ = (options_.slotBytes + 255) / 256 * 256;  // 256-byte aligned: vector kernels
-  RC_CUDA_CHECK(cudaMalloc(&buffers_, slotStride_ * 2 * options_.slots));
+  RC_CUDA_CHECK(cudaMalloc(&buffers_, slotStride_ * 2 * slots));
 
   ncclUniqueId id;
   std::copy(options_.uniqueId.begin(), options_.uniqueId.end(), id.internal);
+  ncclComm_t comm = nullptr;
+  // Blocking: every later call returns once enqueued, with no helper thread per group (a
+  // non-blocking communicator starts one in every ncclGroupEnd). A peer that never joins is
+  // the watchdog's: it aborts the communicator, which NCCL publishes before connecting.
+  arm("creating the NCCL communicator (waiting for every rank to join)", options_.timeoutSeconds,
+      &comm);
   ncclResult_t result;
-  if (api_->commInitRankConfig != nullptr) {
-    // Non-blocking: init and every enqueue return ncclInProgress instead of blocking, so a
-    // missing peer becomes a TimeoutError instead of a hang.
+  // The config struct of this build's nccl.h only goes to a library at least as new; older
+  // ones get ncclCommInitRank, blocking unless NCCL_COMM_BLOCKING=0 (refused in issue()).
+  if (api_->commInitRankConfig != nullptr && api_->version >= NCCL_VERSION_CODE) {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    result = api_->commInitRankConfig(&comm_, options_.worldSize, id, options_.rank, &config);
+    config.blocking = 1;
+    result = api_->commInitRankConfig(&comm, options_.worldSize, id, options_.rank, &config);
   } else {
-    result = api_->commInitRank(&comm_, options_.worldSize, id, options_.rank);
+    result = api_->commInitRank(&comm, options_.worldSize, id, options_.rank);
   }
-  if (result != ncclSuccess && result != ncclInProgress) {
-    if (comm_ != nullptr) api_->commAbort(comm_);
-    comm_ = nullptr;
-    RC_THROW_AS(PeerError, "NCCL communicator creation failed", where(), ": ",
-                api_->describe(result));
+  disarm();
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (result != ncclSuccess || aborted_) {
+    if (!aborted_ && comm != nullptr) api_->commAbort(comm);
+    const std::string message =
+        aborted_ ? failure_
+                 : detail::concat("NCCL communicator creation failed", where(), ": ",
+                                  api_->describe(result),
+                                  result == ncclInProgress
+                                      ? " (non-blocking: unset NCCL_COMM_BLOCKING=0)"
+                                      : "");
+    aborted_ = true;
+    if (timedOut_) RC_THROW_AS(TimeoutError, message);
+    RC_THROW_AS(PeerError, message);
   }
-  waitEnqueued("creating the NCCL communicator");
+  comm_ = comm;
 }
-
-NcclTransport::~NcclTransport() { release(); }
 
 // Frees everything the constructor made; never throws (it runs while exceptions unwind).
 void NcclTransport::release() noexcept {
   int previous = -1;
-  bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != options_.device &&
-                  cudaSetDevice(options_.device) == cudaSuccess;
-  if (comm_ != nullptr) {
-    bool clean = false;
-    ncclResult_t rc = api_->commFinalize ? api_->commFinalize(comm_) : ncclInvalidUsage;
-    if (rc == ncclSuccess || rc == ncclInProgress) {
-      // Finalize flushes outstanding work; peers that vanished must not hang us forever.
-      auto deadline = deadlineAfter(std::min(options_.timeoutSeconds, 30.0));
-      ncclResult_t state = ncclInProgress;
-      int rounds = 0;
-      while (api_->commGetAsyncError(comm_, &state) == ncclSuccess && state == ncclInProgress &&
-             Clock::now() < deadline)
-        pause(rounds);
-      clean = state == ncclSuccess;
-    }
-    if (clean)
-      api_->commDestroy(comm_);
-    else
-      api_->commAbort(comm_);
-    comm_ = nullptr;
+  const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != options_.device &&
+                        cudaSetDevice(options_.device) == cudaSuccess;
+  ncclComm_t comm = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    comm = aborted_ ? nullptr : comm_;
   }
+  if (comm != nullptr) {
+    // Finalize waits for outstanding work; the watchdog aborts it if a peer vanished.
+    ncclResult_t rc = ncclSuccess;
+    if (api_->commFinalize != nullptr) {
+      arm("finalizing the NCCL communicator", std::min(options_.timeoutSeconds, kFinalizeSeconds));
+      rc = api_->commFinalize(comm);
+      disarm();
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!aborted_) {
+      if (rc == ncclSuccess)
+        api_->commDestroy(comm);
+      else
+        api_->commAbort(comm);
+      aborted_ = true;
+      failure_ = "the communicator was closed";
+      comm_ = nullptr;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (watchdog_.joinable()) watchdog_.join();
   if (compute_) cudaStreamSynchronize(compute_);
-  if (comm_stream_) cudaStreamSynchronize(comm_stream_);
+  if (commStream_) cudaStreamSynchronize(commStream_);
   if (buffers_) cudaFree(buffers_);
   buffers_ = nullptr;
-  for (cudaEvent_t e : sendFree_)
-    if (e) cudaEventDestroy(e);
-  sendFree_.clear();
-  for (cudaEvent_t* e : {&callerReady_, &computeReady_, &groupDone_, &commDone_, &done_})
+  for (auto* events : {&sendReady_, &sendFree_, &recvReady_, &recvFree_, &inflightEvents_}) {
+    for (cudaEvent_t e : *events)
+      if (e) cudaEventDestroy(e);
+    events->clear();
+  }
+  for (cudaEvent_t* e : {&callerReady_, &computeAll_, &commAll_, &done_})
     if (*e) cudaEventDestroy(*e), *e = nullptr;
   if (compute_) cudaStreamDestroy(compute_);
-  if (comm_stream_) cudaStreamDestroy(comm_stream_);
-  compute_ = comm_stream_ = nullptr;
+  if (commStream_) cudaStreamDestroy(commStream_);
+  compute_ = commStream_ = nullptr;
   if (switched) cudaSetDevice(previous);
 }
 
@@ -146,70 +170,132 @@ std::string NcclTransport::where() const {
                         (options_.rank + 1) % n, ")");
 }
 
-void NcclTransport::checkUsable() const {
-  if (aborted_)
-    RC_THROW_AS(PeerError, "this NCCL transport was aborted (", failure_,
-                "); create a new communicator");
+// -- the watchdog ---------------------------------------------------------------------------------
+
+void NcclTransport::arm(const std::string& what, double limitSeconds, ncclComm_t* initComm) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  armed_ = true;
+  armedWhat_ = what;
+  armedDeadline_ = Clock::now() + seconds(limitSeconds);
+  armedInitComm_ = initComm;
+}
+
+void NcclTransport::disarm() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  armed_ = false;
+  armedInitComm_ = nullptr;
+}
+
+void NcclTransport::abortLocked(const std::string& why) {
+  if (aborted_) return;
+  aborted_ = true;
+  failure_ = why;
+  // ncclCommAbort also makes a call blocked on this communicator in another thread return, and
+  // stops this rank's kernels still waiting on a peer (torch's watchdog relies on the same;
+  // NCCL handles an abort from another thread reliably from 2.19 on).
+  if (comm_ != nullptr) {
+    api_->commAbort(comm_);
+    comm_ = nullptr;
+  } else if (armedInitComm_ != nullptr && *armedInitComm_ != nullptr) {
+    api_->commAbort(*armedInitComm_);  // a blocking init that waits for a missing peer
+  }
+}
+
+// Pops the collectives that finished; true when none is left running.
+bool NcclTransport::pollInflightLocked() {
+  while (!inflight_.empty()) {
+    cudaError_t status = cudaEventQuery(inflightEvents_[inflight_.front().event]);
+    if (status == cudaErrorNotReady) return false;
+    if (status != cudaSuccess) {
+      (void)cudaGetLastError();
+      abortLocked(detail::concat("a collective failed on the GPU", where(), ": ",
+                                 cudaGetErrorString(status)));
+      return true;
+    }
+    inflight_.pop_front();
+    // The next one could only start now: it gets the whole timeout from here.
+    if (!inflight_.empty()) inflight_.front().since = Clock::now();
+  }
+  return true;
+}
+
+void NcclTransport::watch() {
+  cudaSetDevice(options_.device);  // event queries on this thread
+  // Querying events while another thread captures a CUDA graph in global mode would break the
+  // capture unless this thread is relaxed.
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stopping_) {
+    wake_.wait_for(lock, kWatchdogPeriod);
+    if (stopping_ || aborted_) continue;
+    const auto now = Clock::now();
+    if (armed_ && now > armedDeadline_) {
+      timedOut_ = true;
+      abortLocked(detail::concat("timed out after ", options_.timeoutSeconds, " s while ",
+                                 armedWhat_, where(),
+                                 ": is every rank alive and calling the same collectives?"));
+      continue;
+    }
+    // The main thread may be between NCCL calls of a collective it enqueues: abort only while
+    // it is blocked inside one (armed) or not using the communicator at all.
+    const bool mayAbort = armed_ || !busy_;
+    if (pollInflightLocked() || !mayAbort || aborted_) continue;
+    if (now > inflight_.front().since + seconds(options_.timeoutSeconds)) {
+      timedOut_ = true;
+      abortLocked(detail::concat("a collective did not finish within ", options_.timeoutSeconds,
+                                 " s", where(), ": is every rank calling the same collectives?"));
+      continue;
+    }
+    ncclResult_t state = ncclSuccess;
+    if (comm_ != nullptr && !busy_ && api_->commGetAsyncError(comm_, &state) == ncclSuccess &&
+        state != ncclSuccess && state != ncclInProgress)
+      abortLocked(detail::concat("NCCL failed", where(), ": ", api_->describe(state)));
+  }
+}
+
+// -- collectives ----------------------------------------------------------------------------------
+
+void NcclTransport::checkUsable() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!aborted_) return;
+  if (timedOut_) RC_THROW_AS(TimeoutError, failure_);
+  RC_THROW_AS(PeerError, "this NCCL transport was aborted (", failure_,
+              "); create a new communicator");
 }
 
 void NcclTransport::failNccl(ncclResult_t result, const std::string& what) {
-  std::string message = detail::concat("NCCL failed while ", what, where(), ": ",
-                                       api_->describe(result, comm_));
-  abort(message);
-  RC_THROW_AS(PeerError, message);
+  std::lock_guard<std::mutex> lock(mutex_);
+  // After a watchdog abort the call fails too: its reason is the one to report.
+  abortLocked(detail::concat("NCCL failed while ", what, where(), ": ", api_->describe(result)));
+  busy_ = false;
+  if (timedOut_) RC_THROW_AS(TimeoutError, failure_);
+  RC_THROW_AS(PeerError, failure_);
 }
 
-void NcclTransport::checkAsyncError(const std::string& what) {
-  ncclResult_t state = ncclSuccess;
-  ncclResult_t rc = api_->commGetAsyncError(comm_, &state);
-  if (rc != ncclSuccess) failNccl(rc, what);
-  if (state != ncclSuccess && state != ncclInProgress) failNccl(state, what);
-}
-
-// A non-blocking communicator may still be enqueuing (connecting to a peer the first time);
-// no other NCCL call may be made on it until that is done.
-void NcclTransport::waitEnqueued(const std::string& what) {
-  auto deadline = deadlineAfter(options_.timeoutSeconds);
-  int rounds = 0;
-  for (;;) {
-    ncclResult_t state = ncclSuccess;
-    ncclResult_t rc = api_->commGetAsyncError(comm_, &state);
-    if (rc != ncclSuccess) failNccl(rc, what);
-    if (state == ncclSuccess) return;
-    if (state != ncclInProgress) failNccl(state, what);
-    if (Clock::now() >= deadline) {
-      std::string message = detail::concat("timed out after ", options_.timeoutSeconds,
-                                           " s while ", what, where(),
-                                           ": is the peer alive and running the same collective?");
-      abort(message);
-      RC_THROW_AS(TimeoutError, message);
-    }
-    pause(rounds);
-  }
-}
-
-void NcclTransport::begin(cudaStream_t caller) {
+void NcclTransport::begin(uintptr_t stream) {
   checkUsable();
-  checkAsyncError("checking the previous collective");
-  // Watchdog without a thread: a collective that did not finish within the timeout is stuck.
-  if (lastIssued_ && !capturing_ && Clock::now() - lastIssueTime_ >
-                                         std::chrono::duration<double>(options_.timeoutSeconds) &&
-      !query()) {
-    std::string message = detail::concat("the previous collective did not finish within ",
-                                         options_.timeoutSeconds, " s", where());
-    abort(message);
-    RC_THROW_AS(TimeoutError, message);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    busy_ = true;
   }
-  caller_ = caller;
+  RC_CUDA_CHECK(cudaGetDevice(&callerDevice_));
+  if (callerDevice_ != options_.device) RC_CUDA_CHECK(cudaSetDevice(options_.device));
+  caller_ = reinterpret_cast<cudaStream_t>(stream);
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  RC_CUDA_CHECK(cudaStreamIsCapturing(caller, &status));
-  capturing_ = status == cudaStreamCaptureStatusActive;
-  RC_CUDA_CHECK(cudaEventRecord(callerReady_, caller));
+  RC_CUDA_CHECK(cudaStreamIsCapturing(caller_, &status));
+  const bool capturing = status == cudaStreamCaptureStatusActive;
+  if (capturing || capturing_) {
+    // Events recorded inside a capture cannot be waited on outside it, nor the reverse: slot
+    // reuse across that boundary is ordered by the caller's stream instead (begin waits on it).
+    std::fill(sendFreePending_.begin(), sendFreePending_.end(), false);
+    std::fill(recvFreePending_.begin(), recvFreePending_.end(), false);
+  }
+  capturing_ = capturing;
+  RC_CUDA_CHECK(cudaEventRecord(callerReady_, caller_));
   RC_CUDA_CHECK(cudaStreamWaitEvent(compute_, callerReady_, 0));
-  RC_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, callerReady_, 0));
-  pending_.clear();
-  acquiredSend_ = -1;
-  heldRecvs_ = 0;
+  RC_CUDA_CHECK(cudaStreamWaitEvent(commStream_, callerReady_, 0));
+  heldRecvSlot_ = -1;
 }
 
 void* NcclTransport::acquireSend(int peer, size_t bytes) {
@@ -217,23 +303,36 @@ void* NcclTransport::acquireSend(int peer, size_t bytes) {
   RC_CHECK(peer >= 0 && peer < options_.worldSize, "send to rank ", peer, " outside the world");
   RC_CHECK(bytes <= options_.slotBytes, "a ", bytes, "-byte message exceeds the ",
            options_.slotBytes, "-byte NCCL staging slot");
-  const int slot = static_cast<int>(nextSend_++ % options_.slots);
-  for (const PendingSend& p : pending_)
-    if (p.slot == slot) {
-      flush();  // every slot holds an unsent message: send them before reusing one
-      break;
-    }
-  if (sendSlotGroup_[slot] > computeWaitedGroup_)
+  bool mustFlush = false;
+  const int slot = queue_.nextSlot(mustFlush);
+  if (mustFlush) flush();
+  if (sendFreePending_[slot]) {
     RC_CUDA_CHECK(cudaStreamWaitEvent(compute_, sendFree_[slot], 0));
-  acquiredSend_ = slot;
+    sendFreePending_[slot] = false;
+  }
+  stagedSlot_ = slot;
   return sendSlot(slot);
 }
 
 void NcclTransport::commitSend(int peer, const Envelope& envelope) {
+  RC_CHECK(stagedSlot_ >= 0, "commitSend without acquireSend");
+  const int slot = stagedSlot_;
+  stagedSlot_ = -1;
+  queueSend(QueuedSend{sendCount_, peer, static_cast<size_t>(envelope.bytes), slot, nullptr});
+}
+
+void NcclTransport::sendFrom(int peer, const void* src, const Envelope& envelope) {
   checkUsable();
-  RC_CHECK(acquiredSend_ >= 0, "commitSend without acquireSend");
-  pending_.push_back(PendingSend{peer, acquiredSend_, static_cast<size_t>(envelope.bytes)});
-  acquiredSend_ = -1;
+  RC_CHECK(peer >= 0 && peer < options_.worldSize, "send to rank ", peer, " outside the world");
+  queueSend(QueuedSend{sendCount_, peer, static_cast<size_t>(envelope.bytes), -1, src});
+}
+
+// The send's data is whatever compute (or the caller's stream, or an earlier group) wrote so
+// far: its readiness event is recorded on compute now.
+void NcclTransport::queueSend(const QueuedSend& send) {
+  RC_CUDA_CHECK(cudaEventRecord(sendReady(send.id), compute_));
+  ++sendCount_;
+  if (queue_.push(send)) flush();
 }
 
 const void* NcclTransport::acquireRecv(int peer, const Envelope& expected) {
@@ -242,123 +341,182 @@ const void* NcclTransport::acquireRecv(int peer, const Envelope& expected) {
            " outside the world");
   RC_CHECK(expected.bytes <= options_.slotBytes, "a ", expected.bytes,
            "-byte message exceeds the ", options_.slotBytes, "-byte NCCL staging slot");
-  // Ring plans never hold more than one receive; more would need more slots than reuse allows.
-  RC_CHECK(heldRecvs_ < options_.slots - 1, "too many receive slots held at once");
-  char* slot = recvSlot(static_cast<int>(nextRecv_++ % options_.slots));
-  issueGroup(peer, slot, static_cast<size_t>(expected.bytes));
-  ++heldRecvs_;
-  return slot;
+  RC_CHECK(heldRecvSlot_ < 0, "a receive slot is still held (releaseRecv missing)");
+  const int slot = static_cast<int>(recvCount_++ % static_cast<uint64_t>(options_.slots));
+  Receive receive{peer, recvSlot(slot), static_cast<size_t>(expected.bytes), slot};
+  issue(queue_.forReceive(), &receive);
+  heldRecvSlot_ = slot;
+  return recvSlot(slot);
 }
 
 void NcclTransport::releaseRecv(int /*peer*/) {
-  RC_CHECK(heldRecvs_ > 0, "releaseRecv without acquireRecv");
-  --heldRecvs_;  // the next group waits for every compute read before overwriting the slot
+  RC_CHECK(heldRecvSlot_ >= 0, "releaseRecv without acquireRecv");
+  RC_CUDA_CHECK(cudaEventRecord(recvFree_[heldRecvSlot_], compute_));
+  recvFreePending_[heldRecvSlot_] = true;
+  heldRecvSlot_ = -1;
+}
+
+void NcclTransport::recvInto(int peer, void* dst, const Envelope& expected) {
+  checkUsable();
+  RC_CHECK(peer >= 0 && peer < options_.worldSize, "receive from rank ", peer,
+           " outside the world");
+  const size_t bytes = static_cast<size_t>(expected.bytes);
+  // A queued send still to read these bytes goes out first.
+  for (const QueuedSend& q : queue_.queued())
+    if (q.slot < 0 && overlaps(q.src, q.bytes, dst, bytes)) {
+      flush();
+      break;
+    }
+  ++recvCount_;
+  Receive receive{peer, dst, bytes, -1};
+  issue(queue_.forReceive(), &receive);
 }
 
 void NcclTransport::flush() {
-  checkUsable();
-  if (!pending_.empty()) issueGroup(-1, nullptr, 0);
+  std::vector<QueuedSend> all = queue_.takeAll();
+  if (!all.empty()) issue(all, nullptr);
 }
 
-void NcclTransport::issueGroup(int recvPeer, void* recvBuffer, size_t recvBytes) {
+void NcclTransport::issue(const std::vector<QueuedSend>& sends, const Receive* receive) {
   // Zero-byte messages are skipped on both sides alike (matching collectives agree on sizes).
-  bool any = recvPeer >= 0 && recvBytes > 0;
-  for (const PendingSend& p : pending_) any = any || p.bytes > 0;
-  if (!any) {
-    pending_.clear();
-    return;
-  }
+  const bool receives = receive != nullptr && receive->bytes > 0;
+  bool any = receives;
+  for (const QueuedSend& s : sends) any = any || s.bytes > 0;
+  if (!any) return;
   std::string what = "exchanging a message (";
-  for (const PendingSend& p : pending_) what += detail::concat("send to rank ", p.peer, "; ");
-  what += recvPeer >= 0 ? detail::concat("receive from rank ", recvPeer, ")") : ")";
+  for (const QueuedSend& s : sends)
+    if (s.bytes > 0) what += detail::concat("send to rank ", s.peer, "; ");
+  what += receives ? detail::concat("receive from rank ", receive->peer, ")") : ")";
 
-  // Sends read what compute wrote; the receive overwrites a slot compute may still read.
-  RC_CUDA_CHECK(cudaEventRecord(computeReady_, compute_));
-  RC_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, computeReady_, 0));
+  for (const QueuedSend& s : sends)
+    if (s.bytes > 0) RC_CUDA_CHECK(cudaStreamWaitEvent(commStream_, sendReady(s.id), 0));
+  if (receives && receive->slot >= 0 && recvFreePending_[receive->slot]) {
+    RC_CUDA_CHECK(cudaStreamWaitEvent(commStream_, recvFree_[receive->slot], 0));
+    recvFreePending_[receive->slot] = false;
+  } else if (receives && receive->slot < 0) {
+    RC_CUDA_CHECK(cudaEventRecord(computeAll_, compute_));
+    RC_CUDA_CHECK(cudaStreamWaitEvent(commStream_, computeAll_, 0));
+  }
+
+  ncclComm_t comm;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    comm = comm_;
+  }
+  RC_CHECK(comm != nullptr, "the NCCL communicator is gone");
   ncclResult_t rc = api_->groupStart();
   if (rc != ncclSuccess) failNccl(rc, what);
-  for (const PendingSend& p : pending_) {
-    if (p.bytes == 0) continue;
-    rc = api_->send(sendSlot(p.slot), p.bytes, ncclInt8, p.peer, comm_, comm_stream_);
-    if (rc != ncclSuccess && rc != ncclInProgress) {
+  for (const QueuedSend& s : sends) {
+    if (s.bytes == 0) continue;
+    const void* data = s.slot >= 0 ? sendSlot(s.slot) : s.src;
+    rc = api_->send(data, s.bytes, ncclInt8, s.peer, comm, commStream_);
+    if (rc != ncclSuccess) {
       api_->groupEnd();
       failNccl(rc, what);
     }
   }
-  if (recvPeer >= 0 && recvBytes > 0) {
-    rc = api_->recv(recvBuffer, recvBytes, ncclInt8, recvPeer, comm_, comm_stream_);
-    if (rc != ncclSuccess && rc != ncclInProgress) {
+  if (receives) {
+    rc = api_->recv(receive->dst, receive->bytes, ncclInt8, receive->peer, comm, commStream_);
+    if (rc != ncclSuccess) {
       api_->groupEnd();
       failNccl(rc, what);
     }
   }
+  // The first exchange with a peer connects to it, which waits for the peer: watched.
+  arm(what, options_.timeoutSeconds);
   rc = api_->groupEnd();
-  if (rc != ncclSuccess && rc != ncclInProgress) failNccl(rc, what);
-  if (rc == ncclInProgress) waitEnqueued(what);
+  disarm();
+  if (rc == ncclInProgress)
+    failNccl(rc, what + " (a non-blocking NCCL communicator: unset NCCL_COMM_BLOCKING=0)");
+  if (rc != ncclSuccess) failNccl(rc, what);
+  checkUsable();
 
-  ++groupCount_;
-  for (const PendingSend& p : pending_) {
-    RC_CUDA_CHECK(cudaEventRecord(sendFree_[p.slot], comm_stream_));
-    sendSlotGroup_[p.slot] = groupCount_;
-  }
-  pending_.clear();
-  if (recvPeer >= 0) {
-    // The reducer reads the received slice on compute.
-    RC_CUDA_CHECK(cudaEventRecord(groupDone_, comm_stream_));
-    RC_CUDA_CHECK(cudaStreamWaitEvent(compute_, groupDone_, 0));
-    computeWaitedGroup_ = groupCount_;
+  for (const QueuedSend& s : sends)
+    if (s.bytes > 0 && s.slot >= 0) {
+      RC_CUDA_CHECK(cudaEventRecord(sendFree_[s.slot], commStream_));
+      sendFreePending_[s.slot] = true;
+    }
+  if (receives) {
+    // Compute reads a slot, or may read the caller's bytes this receive wrote.
+    cudaEvent_t filled = receive->slot >= 0 ? recvReady_[receive->slot] : commAll_;
+    RC_CUDA_CHECK(cudaEventRecord(filled, commStream_));
+    RC_CUDA_CHECK(cudaStreamWaitEvent(compute_, filled, 0));
   }
 }
 
 void NcclTransport::end() {
   flush();
-  RC_CUDA_CHECK(cudaEventRecord(commDone_, comm_stream_));
-  RC_CUDA_CHECK(cudaStreamWaitEvent(compute_, commDone_, 0));
+  RC_CUDA_CHECK(cudaEventRecord(commAll_, commStream_));
+  RC_CUDA_CHECK(cudaStreamWaitEvent(compute_, commAll_, 0));
   RC_CUDA_CHECK(cudaEventRecord(done_, compute_));
   RC_CUDA_CHECK(cudaStreamWaitEvent(caller_, done_, 0));
-  computeWaitedGroup_ = groupCount_;
-  // Outside graph capture, also order the next collective's receives after this one's reads,
-  // whatever stream the next caller uses. Inside a capture that wait would leave the comm
-  // stream unjoined; graph replays are ordered by the caller's stream instead.
-  if (!capturing_) RC_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, done_, 0));
-  lastIssued_ = true;
-  lastIssueTime_ = Clock::now();
+  if (!capturing_) {
+    // The next collective's groups start after this one's reads and writes, whatever stream
+    // its caller uses. (Inside a capture that wait would leave the comm stream unjoined.)
+    RC_CUDA_CHECK(cudaStreamWaitEvent(commStream_, done_, 0));
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (inflight_.size() < inflightEvents_.size()) {
+      // Entries hold consecutive events of the ring, so the one after the newest is free.
+      const int event = static_cast<int>(inflightRecorded_++ % inflightEvents_.size());
+      RC_CUDA_CHECK(cudaEventRecord(inflightEvents_[event], compute_));
+      inflight_.push_back(Inflight{event, Clock::now()});
+    } else {
+      // Many collectives queued: the newest entry now stands for this one too.
+      RC_CUDA_CHECK(cudaEventRecord(inflightEvents_[inflight_.back().event], compute_));
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    busy_ = false;
+  }
+  if (callerDevice_ != options_.device) RC_CUDA_CHECK(cudaSetDevice(callerDevice_));
 }
 
 bool NcclTransport::query() {
   checkUsable();
-  checkAsyncError("running a collective");
-  if (!lastIssued_ || capturing_) return true;
-  cudaError_t status = cudaEventQuery(done_);
-  if (status == cudaErrorNotReady) return false;
-  RC_CUDA_CHECK(status);
-  return true;
+  bool finished;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    finished = pollInflightLocked();
+  }
+  checkUsable();  // a failure the poll found
+  return finished;
 }
 
 void NcclTransport::synchronize(double timeoutSeconds) {
-  auto deadline = deadlineAfter(timeoutSeconds > 0 ? timeoutSeconds : options_.timeoutSeconds);
-  int rounds = 0;
-  while (!query()) {
+  const double limit = timeoutSeconds > 0 ? timeoutSeconds : options_.timeoutSeconds;
+  const auto deadline = Clock::now() + seconds(limit);
+  for (int rounds = 0; !query(); ++rounds) {
     if (Clock::now() >= deadline) {
-      std::string message = detail::concat("a collective did not finish within ",
-                                           timeoutSeconds, " s", where(),
-                                           ": is every rank calling the same collectives?");
-      abort(message);
+      const std::string message =
+          detail::concat("a collective did not finish within ", limit, " s", where(),
+                         ": is every rank calling the same collectives?");
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        timedOut_ = true;
+        abortLocked(message);
+      }
       RC_THROW_AS(TimeoutError, message);
     }
-    pause(rounds);
+    // A host wait, not the data path: yield first, then sleep briefly (ranks may share cores).
+    if (rounds < 64)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
 }
 
 void NcclTransport::abort(const std::string& why) {
-  if (aborted_) return;
-  aborted_ = true;
-  failure_ = why;
-  if (comm_ != nullptr) {
-    // ncclCommAbort also stops this rank's kernels still waiting on a peer.
-    api_->commAbort(comm_);
-    comm_ = nullptr;
+  bool wasBusy;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    abortLocked(why);
+    wasBusy = busy_;
+    busy_ = false;
   }
+  // A collective that failed midway leaves the caller on its own device, as end() would.
+  if (wasBusy && callerDevice_ >= 0 && callerDevice_ != options_.device)
+    cudaSetDevice(callerDevice_);
 }
 
 }  // namespace ringcomm

@@ -1,20 +1,29 @@
-// NcclTransport: the slot Transport over NCCL point-to-point, with ringcomm's own ncclComm_t.
+// NcclTransport: the ring's messages over NCCL point-to-point, with ringcomm's own blocking
+// ncclComm_t and a watchdog thread that aborts it when a call or a collective runs past the
+// timeout.
 //
-// Slots are device staging buffers, K per direction, allocated once at construction. Work runs
-// on two streams the transport owns: `compute` (the reducer's kernels and copies, which fill
-// send slots and read receive slots) and `comm` (NCCL groups); events order them. A collective
-// is bracketed by begin(callerStream) and end(): both streams start after the work already on
-// the caller's stream, and the caller's stream waits for the collective, with no host blocking
-// (NCCL's own stream semantics, and capturable in a CUDA graph).
+// Work runs on two streams the transport owns: `compute` (the reducer's kernels, which fill
+// send slots and read receive slots) and `comm` (NCCL groups). Events order them per slot, so
+// a group waits only for the kernel that filled its send slot and a kernel only for the group
+// that filled its receive slot: the reduce of one slice overlaps the transfer of the next (see
+// group_queue.h for which operations share a group). Copy-only steps send from and receive
+// into the caller's buffers, with no staging copy. A collective is bracketed by begin(stream)
+// and end(): both streams start after the work on the caller's stream, and the caller's
+// stream waits for the collective; the host never waits (capturable in a CUDA graph).
 #pragma once
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "cuda/group_queue.h"
 #include "cuda/nccl_loader.h"
 #include "ringcomm/transport.h"
 
@@ -24,11 +33,11 @@ struct NcclTransportOptions {
   int rank = 0;
   int worldSize = 1;
   int device = 0;
-  std::string uniqueId;              // ncclUniqueId's 128 bytes, shared by rank 0
-  size_t slotBytes = 4 << 20;        // largest message; the executor slices to fit
-  int slots = 4;                     // staging buffers per direction
-  double timeoutSeconds = 600.0;     // init, enqueue and synchronize deadlines
-  std::string libraryHint;           // folder or file for loadNccl
+  std::string uniqueId;           // ncclUniqueId's 128 bytes, shared by rank 0
+  size_t slotBytes = 4 << 20;     // largest staged message; the executor slices to fit
+  int slots = 8;                  // staging buffers per direction; slots/2 columns per wave
+  double timeoutSeconds = 600.0;  // init, each NCCL call, each collective
+  std::string libraryHint;        // folder or file for loadNccl
 };
 
 class NcclTransport : public Transport {
@@ -39,72 +48,104 @@ class NcclTransport : public Transport {
   NcclTransport& operator=(const NcclTransport&) = delete;
 
   size_t maxMessageBytes() const override { return options_.slotBytes; }
+  size_t columnsPerWave() const override { return GroupQueue::columnsPerWave(options_.slots); }
   void* acquireSend(int peer, size_t bytes) override;
   void commitSend(int peer, const Envelope& envelope) override;
   const void* acquireRecv(int peer, const Envelope& expected) override;
   void releaseRecv(int peer) override;
+  bool movesUserBuffers() const override { return true; }
+  void sendFrom(int peer, const void* src, const Envelope& envelope) override;
+  void recvInto(int peer, void* dst, const Envelope& expected) override;
   void abort(const std::string& why) override;
+  void begin(uintptr_t stream) override;
+  void end() override;
 
-  // Orders this collective's work after what is queued on `caller`.
-  void begin(cudaStream_t caller);
-  // Issues sends still waiting for a group (a rank whose last step only sends).
-  void flush();
-  // flush(), then makes the caller's stream wait for everything this collective enqueued.
-  void end();
-  // Whether the last collective has finished on the GPU; raises on an NCCL error.
+  // Whether every collective enqueued outside graph capture has finished; raises on an NCCL
+  // error or after the watchdog aborted. Captured collectives finish when their graph replays,
+  // which the caller orders on its own streams.
   bool query();
-  // Host wait for the last collective, with a deadline; aborts and raises TimeoutError on it.
+  // Host wait for query() with a deadline (the communicator's timeout when <= 0); aborts and
+  // raises TimeoutError past it.
   void synchronize(double timeoutSeconds);
 
   cudaStream_t computeStream() const { return compute_; }
   int device() const { return options_.device; }
-  const NcclApi& api() const { return *api_; }
 
  private:
-  struct PendingSend {
+  struct Receive {
     int peer;
-    int slot;
+    void* dst;
     size_t bytes;
+    int slot;  // -1: straight into the caller's buffer
   };
 
   void create();
   void release() noexcept;
-  void checkUsable() const;
-  void issueGroup(int recvPeer, void* recvBuffer, size_t recvBytes);
-  void waitEnqueued(const std::string& what);
-  void checkAsyncError(const std::string& what);
+  void checkUsable();
+  void issue(const std::vector<QueuedSend>& sends, const Receive* receive);
+  void flush();
+  void queueSend(const QueuedSend& send);
+  // NCCL calls that may block (init, group end, finalize) run between arm() and disarm(); the
+  // watchdog aborts the communicator when one lasts past `limitSeconds`. `initComm` is where a
+  // blocking init publishes the communicator it is creating (so it can be aborted too).
+  void arm(const std::string& what, double limitSeconds, ncclComm_t* initComm = nullptr);
+  void disarm();
+  void watch();
+  bool pollInflightLocked();
+  void abortLocked(const std::string& why);
   [[noreturn]] void failNccl(ncclResult_t result, const std::string& what);
   std::string where() const;
   char* sendSlot(int i) const { return buffers_ + static_cast<size_t>(i) * slotStride_; }
   char* recvSlot(int i) const {
     return buffers_ + static_cast<size_t>(options_.slots + i) * slotStride_;
   }
+  cudaEvent_t sendReady(uint64_t id) const { return sendReady_[id % sendReady_.size()]; }
 
   NcclTransportOptions options_;
   const NcclApi* api_ = nullptr;
   ncclComm_t comm_ = nullptr;
-  bool aborted_ = false;
-  std::string failure_;
 
-  cudaStream_t compute_ = nullptr, comm_stream_ = nullptr;
-  cudaStream_t caller_ = nullptr;
+  cudaStream_t compute_ = nullptr, commStream_ = nullptr, caller_ = nullptr;
+  int callerDevice_ = -1;
   bool capturing_ = false;
-  cudaEvent_t callerReady_ = nullptr, computeReady_ = nullptr, groupDone_ = nullptr,
-              commDone_ = nullptr, done_ = nullptr;
-  std::vector<cudaEvent_t> sendFree_;  // recorded on comm after the group that sent the slot
-  std::vector<uint64_t> sendSlotGroup_;  // that group's number (0: never sent)
-  uint64_t groupCount_ = 0;              // NCCL groups issued so far
-  uint64_t computeWaitedGroup_ = 0;      // compute has waited for every group up to this one
+  cudaEvent_t callerReady_ = nullptr, computeAll_ = nullptr, commAll_ = nullptr, done_ = nullptr;
+  std::vector<cudaEvent_t> sendReady_;  // per queued send (ring of 2 x slots): its data is written
+  std::vector<cudaEvent_t> sendFree_;   // per send slot: the group that sent it finished
+  std::vector<cudaEvent_t> recvReady_;  // per receive slot: the group that filled it finished
+  std::vector<cudaEvent_t> recvFree_;   // per receive slot: the kernel that read it finished
+  std::vector<bool> sendFreePending_, recvFreePending_;
 
   char* buffers_ = nullptr;
   size_t slotStride_ = 0;
-  uint64_t nextSend_ = 0, nextRecv_ = 0;
-  int acquiredSend_ = -1;
-  std::vector<PendingSend> pending_;
-  int heldRecvs_ = 0;
+  GroupQueue queue_;
+  int stagedSlot_ = -1;
+  uint64_t sendCount_ = 0, recvCount_ = 0;
+  int heldRecvSlot_ = -1;
 
-  bool lastIssued_ = false;  // a collective was enqueued and may still run
-  std::chrono::steady_clock::time_point lastIssueTime_;
+  // Eager collectives still running: the watchdog gives each the whole timeout from the moment
+  // the one before it finished.
+  struct Inflight {
+    int event;  // in inflightEvents_, recorded on compute at end()
+    std::chrono::steady_clock::time_point since;
+  };
+  static constexpr size_t kInflightEvents = 64;
+  std::vector<cudaEvent_t> inflightEvents_;
+  std::deque<Inflight> inflight_;
+  uint64_t inflightRecorded_ = 0;
+
+  // Shared with the watchdog thread.
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::thread watchdog_;
+  bool stopping_ = false;
+  bool armed_ = false;          // the main thread is inside a blocking NCCL call
+  bool busy_ = false;           // the main thread is enqueuing a collective
+  std::string armedWhat_;
+  std::chrono::steady_clock::time_point armedDeadline_;
+  ncclComm_t* armedInitComm_ = nullptr;
+  bool aborted_ = false;
+  bool timedOut_ = false;
+  std::string failure_;
 };
 
 }  // namespace ringcomm

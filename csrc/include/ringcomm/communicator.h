@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -33,18 +34,29 @@ class Communicator {
   const std::string& failure() const { return failure_; }
 
   // Pointers are raw device or host addresses; counts are elements of `type`.
-  // `wireType` (default: `type`) is what travels between ranks: float16 or bfloat16 under
-  // float32 data halves the bytes while every hop still adds in float32.
-  void allReduce(void* data, size_t count, DataType type, RedOp op);
-  void allReduce(void* data, size_t count, DataType type, RedOp op, DataType wireType);
+  // Every collective ends with `stream`: on a device transport the caller's cudaStream_t as an
+  // integer (the collective is ordered on it and the host does not wait); host transports
+  // ignore it. A new collective follows the same pattern: check its arguments (a bad argument
+  // leaves the communicator usable), fill a Collective with prepare(), then run its body inside
+  // collective(stream, ...), which brackets it with Transport::begin/end and poisons the
+  // communicator if the body fails.
+  void allReduce(void* data, size_t count, DataType type, RedOp op, uintptr_t stream = 0);
+  // `wireType` is what travels between ranks: float16 or bfloat16 under float32 data halves the
+  // bytes while every hop still adds in float32. `scale` multiplies the result (floating types,
+  // on reducers that scale: DDP's pre-divided sums).
+  void allReduce(void* data, size_t count, DataType type, RedOp op, DataType wireType,
+                 float scale = 1.0f, uintptr_t stream = 0);
   void reduceScatter(void* output, const void* input, size_t outputCount, DataType type,
-                     RedOp op);
-  void allGather(void* output, const void* input, size_t inputCount, DataType type);
-  void broadcast(void* data, size_t count, DataType type, int src);
-  void reduce(void* data, size_t count, DataType type, RedOp op, int dst);
+                     RedOp op, uintptr_t stream = 0);
+  void allGather(void* output, const void* input, size_t inputCount, DataType type,
+                 uintptr_t stream = 0);
+  void broadcast(void* data, size_t count, DataType type, int src, uintptr_t stream = 0);
+  void reduce(void* data, size_t count, DataType type, RedOp op, int dst, uintptr_t stream = 0);
   // `output` is used on dst only; `input` on src only (may be null elsewhere).
-  void gather(void* output, const void* input, size_t inputCount, DataType type, int dst);
-  void scatter(void* output, const void* input, size_t outputCount, DataType type, int src);
+  void gather(void* output, const void* input, size_t inputCount, DataType type, int dst,
+              uintptr_t stream = 0);
+  void scatter(void* output, const void* input, size_t outputCount, DataType type, int src,
+               uintptr_t stream = 0);
 
   void setSliceBytes(size_t bytes);
   size_t sliceBytes() const { return options_.sliceBytes; }
@@ -53,8 +65,13 @@ class Communicator {
  private:
   void checkUsable() const;
   void checkRoot(int root, const char* name) const;
-  void run(Collective& collective, RedOp op, DataType type);
-  void run(Collective& collective, RedOp op, DataType type, DataType wireType);
+  // Checks op, types and scale, and fills the collective's spec and sequence number.
+  void prepare(Collective& collective, RedOp op, DataType type, DataType wireType,
+               float scale = 1.0f);
+  // begin(stream), body, end(); on failure records it and aborts the transport.
+  void collective(uintptr_t stream, const std::function<void()>& body);
+  // Runs the plan (inside collective()).
+  void execute(const Collective& collective);
 
   int rank_, worldSize_;
   std::shared_ptr<Transport> transport_;

@@ -46,6 +46,10 @@ struct PlanRequest {
   // one rank's block (output for reduce_scatter and scatter, input for all_gather and gather).
   size_t count = 0;
   int root = 0;  // broadcast src, reduce/gather dst, scatter src
+  // Balanced chunks (all_reduce) start at multiples of this many elements, so that a chunk's
+  // first element in the caller's buffer and in a transport slot has the same 16-byte
+  // alignment and kernels take their vector path; see chunkAlignment().
+  size_t alignElems = 1;
 };
 
 struct Plan {
@@ -63,7 +67,16 @@ Range sliceOf(const Range& range, size_t column, size_t sliceElems);
 // message that carries the mismatch-check header).
 size_t columnCount(const Plan& plan, size_t sliceElems);
 
-// Balanced split of `count` elements into `parts` contiguous chunks (first count % parts get +1).
-Range balancedChunk(size_t count, int parts, int index);
+// Bytes every balanced chunk boundary (and every slice boundary inside it) is a multiple of.
+constexpr size_t kChunkAlignBytes = 16;
+// alignElems for a collective on `type` data travelling as `wireType`: 16 bytes of the
+// narrower of the two, so boundaries are 16-byte aligned in both (e.g. 4 for float32, 8 for
+// float32 on a bfloat16 wire, 16 for int8).
+size_t chunkAlignment(DataType type, DataType wireType);
+
+// Split of `count` elements into `parts` contiguous chunks whose starts are multiples of
+// `align`: whole groups of `align` elements are spread evenly (the first ones get one group
+// more) and the last chunk also takes the count % align elements left over.
+Range balancedChunk(size_t count, int parts, int index, size_t align = 1);
 
 }  // namespace ringcomm

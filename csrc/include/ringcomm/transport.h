@@ -62,6 +62,22 @@ class Transport {
   virtual void releaseRecv(int peer) = 0;
   // Makes every peer's pending and future waits on this transport fail promptly.
   virtual void abort(const std::string& why) = 0;
+
+  // Brackets one collective. `stream` is the caller's queue of device work (a cudaStream_t as an
+  // integer; host transports ignore it): the collective runs after the work queued there, and
+  // work queued there later sees its result. end() follows a collective that succeeded; after a
+  // failure the communicator calls abort() instead.
+  virtual void begin(uintptr_t stream) { (void)stream; }
+  virtual void end() {}
+
+  // Copy-only steps without staging: a transport that can send from and receive into the
+  // caller's buffers (NCCL on device memory) returns true, and the executor then moves steps
+  // that neither reduce nor convert with sendFrom/recvInto instead of through slots.
+  virtual bool movesUserBuffers() const { return false; }
+  // Sends envelope.bytes from `src` to `peer`; `src` stays untouched until the collective ends.
+  virtual void sendFrom(int peer, const void* src, const Envelope& envelope);
+  // Receives the next message from `peer` straight into `dst`.
+  virtual void recvInto(int peer, void* dst, const Envelope& expected);
 };
 
 }  // namespace ringcomm

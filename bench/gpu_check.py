@@ -1,0 +1,386 @@
+"""The prepared GPU check: one bounded run on a fresh single-GPU machine that returns everything.
+
+Stages run in order under one global deadline (default 345 s, so the whole check with its
+kill-after slack and the final bundling stays under 6 minutes): environment, build, ringcomm's
+view of CUDA/NCCL, kernel bandwidth (no NCCL: the one number a time-sliced GPU measures
+honestly), then world 2 (allreduce against NCCL, the GPU tests), then world 4 only while time
+is left. A stage that fails is recorded and the next one still runs; a stage past its limit is
+terminated, then killed KILL_AFTER seconds later.
+
+$OUT receives at most three files, each rewritten after every stage, so a run cut short still
+reports: summary.json (exit codes, seconds, results), check.log (every stage's output) and
+bundle.tar.gz (JUnit XML, NCCL_DEBUG=INFO files, per-stage JSON).
+
+    OUT=/tmp/out bash bench/gpu_check.sh            # the real check (on the GPU machine)
+    OUT=/tmp/out bash bench/gpu_check.sh --dry-run  # the stage logic here, commands stubbed
+
+Only the standard library here: the probes that need torch or ringcomm run as stages.
+"""
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+KILL_AFTER = 5
+BUDGET = 345        # seconds for all stages; + KILL_AFTER + bundling stays under 360
+MAX_DEBUG_BYTES = 2 << 20  # per NCCL debug file in the bundle (the lease returns <= 16 MiB)
+OUTPUT_FILES = ("summary.json", "check.log", "bundle.tar.gz")
+DRY_JUNIT = '<testsuites><testsuite tests="1" failures="0" errors="0" skipped="0"/></testsuites>'
+
+# Printed by the environment stage, and parsed from its last line into the summary.
+ENV_PROBE = r"""
+import ctypes, json, os, shutil, subprocess, sys
+info = {"python": sys.executable, "which": {c: shutil.which(c) for c in ("python", "python3", "nvcc")},
+        "cuda_home": os.environ.get("CUDA_HOME")}
+def run(*cmd):
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=15).stdout.strip()
+    except Exception as error:
+        return f"unavailable: {error}"
+info["nvidia_smi"] = run("nvidia-smi", "--query-gpu=name,memory.total,driver_version,compute_cap",
+                         "--format=csv,noheader")
+info["nvcc"] = run("nvcc", "--version").splitlines()[-1:] if shutil.which("nvcc") else None
+for module in ("torch", "pybind11", "setuptools", "pytest", "pytest_timeout", "cupy", "numpy"):
+    try:
+        info[module] = getattr(__import__(module), "__version__", "present")
+    except Exception as error:
+        info[module] = None
+try:
+    import torch
+    info["torch_cuda"] = torch.version.cuda
+    info["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    info["torch_nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if info["gpu"] else None
+except Exception as error:
+    info["torch_error"] = repr(error)
+# The NCCL this process loads the way ringcomm does (after torch, so torch's copy if it has one).
+def load_nccl():
+    candidates = [os.environ.get("RINGCOMM_NCCL_LIBRARY"), "libnccl.so.2"]
+    try:
+        import nvidia.nccl
+        candidates.append(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))
+    except ImportError:
+        pass
+    for name in filter(None, candidates):
+        if os.path.isdir(name):
+            name = os.path.join(name, "libnccl.so.2")
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
+lib = load_nccl()
+if lib is not None:
+    code = ctypes.c_int(0)
+    lib.ncclGetVersion(ctypes.byref(code))
+    info["nccl_loaded_version"] = code.value
+    maps = open("/proc/self/maps").read().splitlines()
+    info["nccl_loaded_path"] = next((l.split()[-1] for l in maps if "libnccl.so" in l), None)
+    # The multi-rank-per-GPU path the tests and benchmarks take (tests/test_gpu.py _rank_env).
+    info["multi_rank_path"] = ("NCCL_MULTI_RANK_GPU_ENABLE=1" if code.value >= 23000 else
+                               "NCCL_HOSTID per rank + NCCL_SOCKET_IFNAME=lo (sockets)")
+print(json.dumps(info, indent=1))
+print("ENV_JSON " + json.dumps(info))
+"""
+
+INFO_PROBE = r"""
+import json, ringcomm
+from ringcomm import _C, cuda_backend
+info = dict(ringcomm.build_info())
+info["cuda_available"] = _C.cuda_available()
+info["devices"] = _C.device_count()
+info["nccl_library"], info["nccl_runtime_version"] = _C.nccl_library(cuda_backend.nccl_library_hint())
+print("INFO_JSON " + json.dumps(info))
+"""
+
+
+@dataclass
+class Stage:
+    name: str
+    limit: float                 # seconds at most
+    argv: list
+    env: dict = field(default_factory=dict)
+    result: str = None           # JSON file the stage writes (folded into the summary)
+    marker: str = None           # or a line prefix whose JSON the stage prints
+    junit: str = None            # JUnit XML the stage writes (test counts go to the summary)
+    optional: bool = False       # world-4 stages: run only when the whole limit still fits
+    needs_gpu: bool = True       # False: runs for real in a dry run too (the environment probe)
+
+
+def cuda_home():
+    """CUDA_HOME (or CUDA_PATH) from the environment, else from nvcc's real path
+    (toolkit/bin/nvcc), else the conventional folder (nvcc may be a wrapper script)."""
+    for name in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(name):
+            return os.environ[name]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        home = Path(os.path.realpath(nvcc)).parent.parent
+        if (home / "include" / "cuda_runtime_api.h").exists():
+            return str(home)
+    return "/usr/local/cuda"
+
+
+def plan(python, work, pytest_timeout=True):
+    """The stages, in order. `work` holds everything that goes into the bundle."""
+    py = [python]
+    tests = py + ["-m", "pytest", "tests/test_gpu.py", "-q", "-rA", "--durations=0", "-p",
+                  "no:cacheprovider"] + (["--timeout=90"] if pytest_timeout else [])
+    allreduce = py + ["bench/gpu_allreduce.py", "--mib", "64", "256", "--slices-mib", "1", "4",
+                      "16", "32"]
+    return [
+        Stage("env", 25, py + ["-c", ENV_PROBE], marker="ENV_JSON ", needs_gpu=False),
+        Stage("build", 110, py + ["setup.py", "build_ext", "--inplace"]),
+        Stage("info", 20, py + ["-c", INFO_PROBE], marker="INFO_JSON "),
+        # The whole GPU for the kernels, as for the copy they are compared with (in the ring
+        # they leave RINGCOMM_NCCL_SMS to NCCL).
+        Stage("kernels", 45, py + ["bench/gpu_kernels.py", "--mib", "256", "--json",
+                                   str(work / "kernels.json")], result="kernels.json",
+              env={"RINGCOMM_NCCL_SMS": "0"}),
+        Stage("allreduce2", 60, allreduce + ["--world", "2", "--json",
+                                             str(work / "allreduce2.json")], result="allreduce2.json"),
+        Stage("tests2", 100, tests + [f"--junitxml={work / 'tests2.xml'}"],
+              env={"RINGCOMM_TEST_WORLDS": "2"}, junit="tests2.xml"),
+        Stage("allreduce4", 50, allreduce + ["--world", "4", "--json",
+                                             str(work / "allreduce4.json")],
+              result="allreduce4.json", optional=True),
+        Stage("tests4", 100, tests + ["-k", "every_primitive or wire_all_reduce",
+                                      f"--junitxml={work / 'tests4.xml'}"],
+              env={"RINGCOMM_TEST_WORLDS": "4"}, junit="tests4.xml", optional=True),
+    ]
+
+
+def dry_stub(stage, work, python):
+    """What a stage runs in a dry run: it says what it would run and writes a stand-in result,
+    so the bookkeeping (limits, summary, bundle) is exercised without a GPU."""
+    stand_in = json.dumps({"dry_run": True})
+    lines = [f"print('dry run: would run', {' '.join(stage.argv[:6])!r}, flush=True)"]
+    if stage.result:
+        lines.append(f"open({str(work / stage.result)!r}, 'w').write({stand_in!r})")
+    if stage.junit:
+        lines.append(f"open({str(work / stage.junit)!r}, 'w').write({DRY_JUNIT!r})")
+    if stage.marker:
+        lines.append(f"print({stage.marker + stand_in!r})")
+    seconds = float(os.environ.get("RINGCOMM_GPU_CHECK_DRY_SLEEP", "0"))
+    lines.append(f"import time; time.sleep({seconds})")
+    return [python, "-c", "\n".join(lines)]
+
+
+def junit_counts(path):
+    """{tests, failures, errors, skipped, failed: [names]} from a JUnit XML file."""
+    try:
+        root = ET.parse(path).getroot()
+    except ET.ParseError as error:
+        return {"unreadable": str(error)}
+    suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+    counts = {k: sum(int(s.get(k, 0)) for s in suites)
+              for k in ("tests", "failures", "errors", "skipped")}
+    counts["failed"] = [f"{case.get('classname')}::{case.get('name')}"
+                        for case in root.iter("testcase")
+                        if case.find("failure") is not None or case.find("error") is not None]
+    return counts
+
+
+class Check:
+    def __init__(self, out, python, dry=False, budget=BUDGET, on_summary=None):
+        self.out = Path(out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.work = Path(tempfile.mkdtemp(prefix="gpu_check_"))
+        self.python = python
+        self.dry = dry
+        self.start = time.monotonic()
+        self.deadline = self.start + budget
+        self.on_summary = on_summary
+        self.log = open(self.out / "check.log", "w")
+        self.summary = {"dry_run": dry, "budget_s": budget, "stages": [], "results": {},
+                        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+
+    def elapsed(self):
+        return round(time.monotonic() - self.start, 1)
+
+    def say(self, text):
+        print(text, flush=True)
+        self.log.write(text + "\n")
+        self.log.flush()
+
+    def environment(self):
+        env = dict(os.environ)
+        env.update(CUDA_HOME=cuda_home(), RINGCOMM_CUDA="1",
+                   RINGCOMM_CUDA_ARCHS=os.environ.get("RINGCOMM_CUDA_ARCHS", "90"),
+                   RINGCOMM_BUILD_JOBS=os.environ.get("RINGCOMM_BUILD_JOBS", str(os.cpu_count())),
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+                   NCCL_DEBUG=os.environ.get("NCCL_DEBUG", "INFO"),
+                   NCCL_DEBUG_FILE=str(self.work / "nccl.%h.%p.log"))
+        return env
+
+    def start_mps(self, env):
+        """MPS lets ranks sharing the GPU run kernels at once instead of time-sliced."""
+        control = shutil.which("nvidia-cuda-mps-control")
+        if self.dry or control is None or os.environ.get("RINGCOMM_GPU_CHECK_MPS") == "0":
+            return "not started" + (" (dry run)" if self.dry else "" if control else
+                                    " (nvidia-cuda-mps-control not found)")
+        pipes = self.work / "mps"
+        pipes.mkdir(exist_ok=True)
+        env.update(CUDA_MPS_PIPE_DIRECTORY=str(pipes), CUDA_MPS_LOG_DIRECTORY=str(pipes))
+        try:
+            proc = subprocess.run([control, "-d"], env=env, capture_output=True, text=True,
+                                  timeout=10)
+        except Exception as error:
+            return f"failed to start: {error}"
+        if proc.returncode != 0:
+            for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
+                env.pop(key)
+            return f"failed to start (rc {proc.returncode}): {proc.stderr.strip()[-300:]}"
+        self.mps_control = (control, env)
+        return "started"
+
+    def stop_mps(self):
+        control, env = getattr(self, "mps_control", (None, None))
+        if control:
+            subprocess.run([control], input="quit\n", env=env, text=True, timeout=10,
+                           capture_output=True)
+
+    def run_stage(self, stage, env):
+        left = self.deadline - time.monotonic() - KILL_AFTER
+        record = {"name": stage.name, "limit_s": stage.limit, "start_s": self.elapsed()}
+        if left < (stage.limit if stage.optional else 5):
+            record.update(rc=None, skipped=f"not enough time left ({left:.0f} s)")
+            self.say(f"== {stage.name}: skipped, {left:.0f} s left")
+            return self.finish(stage, record, "")
+        limit = min(stage.limit, left)
+        argv = dry_stub(stage, self.work, self.python) if self.dry and stage.needs_gpu else stage.argv
+        self.say(f"== {stage.name} (limit {limit:.0f} s, t={self.elapsed()} s)"
+                 f"{' stubbed (dry run)' if argv is not stage.argv else ''}: "
+                 f"{' '.join(stage.argv)[:200]}")
+        proc = subprocess.Popen(argv, cwd=ROOT, env={**env, **stage.env}, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, errors="replace",
+                                start_new_session=True)  # its own group: the whole tree is killed
+        output = []
+        reader = threading.Thread(target=self.copy_output, args=(proc.stdout, output), daemon=True)
+        reader.start()
+        timed_out = False
+        try:
+            proc.wait(limit)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            self.signal(proc, signal.SIGTERM)
+            try:
+                proc.wait(KILL_AFTER)
+            except subprocess.TimeoutExpired:
+                self.signal(proc, signal.SIGKILL)
+                proc.wait()
+        self.signal(proc, signal.SIGKILL)  # ranks a failed test left behind hold the GPU
+        reader.join(KILL_AFTER)
+        record.update(rc=proc.returncode, timed_out=timed_out)
+        self.say(f"== {stage.name} rc={proc.returncode}{' (timed out)' if timed_out else ''} "
+                 f"t={self.elapsed()} s")
+        return self.finish(stage, record, "".join(output))
+
+    def copy_output(self, stream, output):
+        for line in stream:
+            output.append(line)
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            self.log.write(line)
+            self.log.flush()
+
+    @staticmethod
+    def signal(proc, sig):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def finish(self, stage, record, output):
+        record["seconds"] = round(self.elapsed() - record["start_s"], 1)
+        self.summary["stages"].append(record)
+        if stage.marker:
+            for line in output.splitlines():
+                if line.startswith(stage.marker):
+                    self.summary["results"][stage.name] = json.loads(line[len(stage.marker):])
+        if stage.result and (self.work / stage.result).exists():
+            try:
+                self.summary["results"][stage.name] = json.loads((self.work / stage.result).read_text())
+            except ValueError as error:
+                self.summary["results"][stage.name] = {"unreadable": str(error)}
+        if stage.junit and (self.work / stage.junit).exists():
+            self.summary["results"][stage.name] = junit_counts(self.work / stage.junit)
+        self.write()
+        return record
+
+    def write(self):
+        """summary.json and bundle.tar.gz, each replaced atomically: a kill leaves the last one."""
+        self.summary["seconds"] = self.elapsed()
+        tmp = self.out / "summary.json.tmp"
+        tmp.write_text(json.dumps(self.summary, indent=1))
+        tmp.replace(self.out / "summary.json")
+        tmp = self.out / "bundle.tar.gz.tmp"
+        with tarfile.open(tmp, "w:gz") as bundle:
+            for path in sorted(self.work.iterdir()):
+                if path.is_file() and path.stat().st_size <= MAX_DEBUG_BYTES:
+                    bundle.add(path, arcname=path.name)
+                elif path.is_file():  # a huge NCCL log: its head says what matters
+                    cut = self.work / (path.name + ".head")
+                    with open(path, "rb") as src:
+                        cut.write_bytes(src.read(MAX_DEBUG_BYTES))
+                    bundle.add(cut, arcname=cut.name)
+                    cut.unlink()
+        tmp.replace(self.out / "bundle.tar.gz")
+        if self.on_summary:
+            self.on_summary(json.loads((self.out / "summary.json").read_text()))
+
+    def run(self):
+        env = self.environment()
+        self.summary["cuda_home"] = env["CUDA_HOME"]
+        self.summary["mps"] = self.start_mps(env)
+        self.say(f"== gpu_check: python {self.python}, CUDA_HOME {env['CUDA_HOME']}, "
+                 f"MPS {self.summary['mps']}, dry run {self.dry}")
+        try:
+            stages = plan(self.python, self.work, pytest_timeout=self.dry or self.has_pytest_timeout(env))
+            for stage in stages:
+                record = self.run_stage(stage, env)
+                if stage.name == "env":
+                    found = self.summary["results"].get("env", {})
+                    self.summary["multi_rank_path"] = found.get("multi_rank_path", "unknown")
+                if stage.name == "build" and record.get("rc") not in (0, None) and not self.dry:
+                    self.say("== build failed: later stages use whatever _C is already there")
+        finally:
+            self.stop_mps()
+            self.summary["finished"] = True
+            self.write()
+            self.log.close()
+            shutil.rmtree(self.work, ignore_errors=True)
+        return self.summary
+
+    def has_pytest_timeout(self, env):
+        probe = subprocess.run([self.python, "-c", "import pytest_timeout"], env=env,
+                               capture_output=True)
+        if probe.returncode != 0:
+            self.say("== pytest-timeout is not installed: the stage limit bounds the tests")
+        return probe.returncode == 0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "gpu_check_out")))
+    parser.add_argument("--dry-run", action="store_true",
+                        default=os.environ.get("RINGCOMM_GPU_CHECK_DRY", "") not in ("", "0"))
+    parser.add_argument("--budget", type=float, default=BUDGET, help="seconds for all stages")
+    args = parser.parse_args()
+    summary = Check(args.out, sys.executable, args.dry_run, args.budget).run()
+    codes = {s["name"]: s.get("rc") for s in summary["stages"]}
+    print(json.dumps(codes), summary["seconds"], "s; files:", sorted(os.listdir(args.out)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,16 @@
+// Defaults of the optional Transport operations (transports that stage everything).
+#include "ringcomm/transport.h"
+
+#include "ringcomm/error.h"
+
+namespace ringcomm {
+
+void Transport::sendFrom(int, const void*, const Envelope& envelope) {
+  RC_THROW("this transport cannot send from user buffers (", describeEnvelope(envelope), ")");
+}
+
+void Transport::recvInto(int, void*, const Envelope& expected) {
+  RC_THROW("this transport cannot receive into user buffers (", describeEnvelope(expected), ")");
+}
+
+}  // namespace ringcomm
