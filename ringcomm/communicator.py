@@ -230,8 +230,7 @@ class Communicator:
                 comm = cpu_backend.create(self._rendezvous, self.options)
             else:
                 ordinal = sum(1 for kind, _ in self._backends if kind == "cuda")
-                comm = cuda_backend.create(self._rendezvous, index, self.options.slice_bytes
-                                           or self.options.cuda_slice_bytes, ordinal)
+                comm = cuda_backend.create(self._rendezvous, index, self.options, ordinal)
             self._backends[key] = comm
         return comm
 

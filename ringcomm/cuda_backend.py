@@ -3,8 +3,6 @@ import os
 
 from . import _C
 
-SLICE_BYTES = int(os.environ.get("RINGCOMM_CUDA_SLICE_BYTES", 4 << 20))
-
 
 def nccl_library_hint():
     """The nvidia-nccl-cu13 wheel's lib folder, if installed: NCCL is loaded at run time from the
@@ -21,9 +19,9 @@ def available():
     return bool(_C.build_info()["cuda"]) and _C.cuda_available()
 
 
-def create(rendezvous, device_index, slice_bytes=None, ordinal=0):
-    """A _C.Communicator over a _C.CudaRing on `device_index`; every rank of the group calls
-    this together.
+def create(rendezvous, device_index, options, ordinal=0):
+    """A _C.Communicator over a _C.CudaRing on `device_index`, configured by resolved
+    CommOptions; every rank of the group calls this together.
 
     The NCCL id is published under this communicator's rendezvous prefix and `ordinal` (the
     how-manieth CUDA backend of the communicator, 0 for the usual one device per rank), never
@@ -38,9 +36,9 @@ def create(rendezvous, device_index, slice_bytes=None, ordinal=0):
     if rendezvous.rank == 0:
         rendezvous.publish(key, _C.nccl_unique_id(hint))
     unique_id = rendezvous.read(key, 0)
-    slice_bytes = slice_bytes or SLICE_BYTES
+    slice_bytes = options.slice_bytes or options.cuda_slice_bytes
     ring = _C.CudaRing(rendezvous.rank, rendezvous.world_size, device_index, unique_id,
-                       slice_bytes=slice_bytes, timeout=rendezvous.timeout, library_hint=hint)
+                       slice_bytes=slice_bytes, timeout=options.timeout, library_hint=hint)
     comm = _C.Communicator(rendezvous.rank, rendezvous.world_size, ring.transport, ring.reducer,
                            slice_bytes)
     ring.release()  # the communicator owns them now: its close() frees the GPU resources

@@ -27,7 +27,7 @@ class _FakeCudaC:
     class CudaRing:
         def __init__(self, rank, world_size, device, unique_id, **options):
             self.transport = {"rank": rank, "world_size": world_size, "device": device,
-                              "id": unique_id}
+                              "id": unique_id, "options": options}
             self.reducer = None
 
         def release(self):
@@ -39,14 +39,15 @@ class _FakeCudaC:
 
 
 def _create_on_own_device(rank, world_size):
-    from ringcomm import cuda_backend
+    from ringcomm import CommOptions, cuda_backend
     from ringcomm.rendezvous import Rendezvous
 
     cuda_backend._C = _FakeCudaC(rank)  # this worker process only
     rendezvous = Rendezvous(None, timeout=20)
+    options = CommOptions(timeout=20).resolved(world_size)
     # Rank r drives device r, as on a multi-GPU node; a second CUDA backend gets ordinal 1.
-    first = cuda_backend.create(rendezvous, device_index=rank)
-    second = cuda_backend.create(rendezvous, device_index=world_size + rank, ordinal=1)
+    first = cuda_backend.create(rendezvous, rank, options)
+    second = cuda_backend.create(rendezvous, world_size + rank, options, ordinal=1)
     return first, second
 
 
@@ -57,6 +58,8 @@ def test_nccl_id_is_keyed_by_communicator_not_device(world):
         assert first["device"] == rank and second["device"] == world + rank
         assert (first["id"], second["id"]) == (b"id-1-from-rank-0", b"id-2-from-rank-0")
         assert (first["rank"], first["world_size"]) == (rank, world)
+        # The resolved CommOptions reach the ring: CUDA's default slice, the communicator's timeout.
+        assert first["options"]["slice_bytes"] == 4 << 20 and first["options"]["timeout"] == 20
 
 
 # -- NCCL groups: the ones NcclTransport issues, replayed without a GPU ------------------------------
