@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cuda/cuda_backend.h"
+#include "ringcomm/error.h"
 #include "ringcomm/reducer.h"
 #include "ringcomm/transport.h"
 #include "ringcomm/types.h"
@@ -30,6 +31,8 @@ void bindCuda(py::module_& m) {
         [](uintptr_t out0, uintptr_t out1, uintptr_t a, uintptr_t b, size_t n, DataType type,
            RedOp op, int divisor, bool finalize, float scale, uintptr_t stream,
            std::optional<DataType> wire) {
+          std::string why;  // collectives check this in Communicator::prepare
+          RC_CHECK(opSupported(op, type, &why), why);
           reduceOnDevice(out0, out1, a, b, n, type, op, divisor, finalize, scale, stream,
                          wire.value_or(type));
         },

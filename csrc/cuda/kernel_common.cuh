@@ -32,9 +32,7 @@ constexpr int kThreads = 256;
 constexpr int kSmsForNccl = 8;
 constexpr int kMaxDevices = 64;
 
-// The ops and their arithmetic are ringcomm/op_math.h's, shared with the CPU reducer; KOp is
-// the op enum's old name here.
-using KOp = RedOp;
+// The ops and their arithmetic are ringcomm/op_math.h's, shared with the CPU reducer.
 using opmath::apply;
 using opmath::withOp;
 
@@ -246,6 +244,6 @@ void launchOver(void (*kernel)(P), P& p, size_t n, size_t head, size_t perVec,
 }
 
 // float32 data on a 16-bit wire; op is SUM/PROD/MIN/MAX (wire_kernels.cu).
-void launchWireReduce(KOp op, const ReduceLaunch& l, cudaStream_t stream);
+void launchWireReduce(RedOp op, const ReduceLaunch& l, cudaStream_t stream);
 
 }  // namespace ringcomm::kern

@@ -5,7 +5,6 @@
 #include "cuda/reduce_kernels.h"
 
 #include <cstdint>
-#include <string>
 
 #include "cuda/kernel_common.cuh"
 #include "ringcomm/reducer.h"
@@ -26,14 +25,14 @@ struct Params : Range {
   Epilogue<typename C::Acc> fin;
 };
 
-template <typename C, KOp Op>
+template <typename C, RedOp Op>
 __device__ __forceinline__ typename C::Storage combine(typename C::Storage x,
                                                        typename C::Storage y,
                                                        const Params<C>& p) {
   return C::store(p.fin(apply<Op>(C::load(x), C::load(y))));
 }
 
-template <typename C, KOp Op>
+template <typename C, RedOp Op>
 __global__ void __launch_bounds__(kThreads) reduceKernel(const Params<C> p) {
   using S = typename C::Storage;
   constexpr int kPerVec = 16 / sizeof(S);
@@ -64,7 +63,7 @@ __global__ void __launch_bounds__(kThreads) reduceKernel(const Params<C> p) {
       });
 }
 
-template <typename C, KOp Op>
+template <typename C, RedOp Op>
 void launchTyped(const ReduceLaunch& l, cudaStream_t stream) {
   using S = typename C::Storage;
   constexpr size_t kPerVec = 16 / sizeof(S);
@@ -79,53 +78,24 @@ void launchTyped(const ReduceLaunch& l, cudaStream_t stream) {
   launchOver(reduceKernel<C, Op>, p, l.n, head, kPerVec, stream);
 }
 
-// kAll: the integer ops too; then every KOp has a kernel, so only floats can reach the throw.
+// kAll: the integer ops too. Callers have checked the (dtype, op) pair (opSupported), so the
+// throw is a guard.
 template <typename C, bool kAll>
-void launchFor(KOp op, const ReduceLaunch& l, cudaStream_t s) {
+void launchFor(RedOp op, const ReduceLaunch& l, cudaStream_t s) {
   if (!withOp<kAll>(op, [&](auto tag) { launchTyped<C, decltype(tag)::value>(l, s); }))
-    RC_THROW("op '", redOpName(l.op), "' is only defined for integer and bool tensors, not ",
-             dataTypeName(l.type));
-}
-
-KOp kernelOp(RedOp op) {
-  switch (op) {
-    case RedOp::Sum: case RedOp::Avg: return KOp::Sum;
-    case RedOp::Prod: return KOp::Prod;
-    case RedOp::Min: return KOp::Min;
-    case RedOp::Max: return KOp::Max;
-    case RedOp::BAnd: return KOp::BAnd;
-    case RedOp::BOr: return KOp::BOr;
-    case RedOp::BXor: return KOp::BXor;
-    case RedOp::LAnd: return KOp::LAnd;
-    case RedOp::LOr: return KOp::LOr;
-  }
-  RC_THROW("unknown reduction op ", static_cast<int>(op));
-}
-
-// bool holds 0/1 bytes, so its logic is uint8's bitwise arithmetic (sum/max = or,
-// prod/min = and), exactly as the CPU reducer does it.
-KOp boolOp(RedOp op) {
-  switch (op) {
-    case RedOp::Sum: case RedOp::Max: case RedOp::BOr: case RedOp::LOr: return KOp::BOr;
-    case RedOp::Prod: case RedOp::Min: case RedOp::BAnd: case RedOp::LAnd: return KOp::BAnd;
-    case RedOp::BXor: return KOp::BXor;
-    default: break;
-  }
-  RC_THROW("op '", redOpName(op), "' is not defined for bool tensors");
+    RC_THROW("op '", redOpName(l.op), "' is not defined for ", dataTypeName(l.type), " tensors");
 }
 
 }  // namespace
 
 void launchReduce(const ReduceLaunch& l, void* streamPtr) {
-  std::string why;
-  RC_CHECK(opSupported(l.op, l.type, &why), why);
   RC_CHECK(l.scale == 1.0f || isFloatingPoint(l.type), "a fused scale needs a floating type, not ",
            dataTypeName(l.type));
   RC_CHECK(l.divisor != 0, "AVG divisor must not be zero");
   RC_CHECK(l.n == 0 || (l.a != nullptr && l.b != nullptr), "reduce inputs must not be null");
   if (l.n == 0 || (l.out0 == nullptr && l.out1 == nullptr)) return;
   auto stream = static_cast<cudaStream_t>(streamPtr);
-  const KOp op = kernelOp(l.op);
+  const RedOp op = opmath::arithmeticOp(l.op);
   if (l.wireType && *l.wireType != l.type) {
     checkWireType(l.type, *l.wireType);
     return launchWireReduce(op, l, stream);
@@ -139,7 +109,7 @@ void launchReduce(const ReduceLaunch& l, void* streamPtr) {
     case DataType::UInt8: return launchFor<Plain<uint8_t>, true>(op, l, stream);
     case DataType::Int32: return launchFor<Plain<int32_t>, true>(op, l, stream);
     case DataType::Int64: return launchFor<Plain<int64_t>, true>(op, l, stream);
-    case DataType::Bool: return launchFor<Plain<uint8_t>, true>(boolOp(l.op), l, stream);
+    case DataType::Bool: return launchFor<Plain<uint8_t>, true>(opmath::boolOp(l.op), l, stream);
   }
   RC_THROW("unknown data type ", static_cast<int>(l.type));
 }

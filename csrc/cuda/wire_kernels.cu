@@ -49,12 +49,12 @@ struct MixedParams {
   Epilogue<float> fin;
 };
 
-template <typename W, KOp Op>
+template <typename W, RedOp Op>
 __device__ __forceinline__ float mixedValue(float x, uint16_t y, const MixedParams& p) {
   return p.fin(apply<Op>(x, W::load(y)));
 }
 
-template <typename W, KOp Op>
+template <typename W, RedOp Op>
 __device__ __forceinline__ void mixedAt(const MixedParams& p, size_t i) {
   float r = mixedValue<W, Op>(p.a[i], p.b[i], p);
   if (p.out1) {
@@ -67,7 +67,7 @@ __device__ __forceinline__ void mixedAt(const MixedParams& p, size_t i) {
 
 // Written out rather than through walk(): through walk() ptxas gives some of these 44-48
 // register kernels 56-60 registers (one block per SM fewer).
-template <typename W, KOp Op>
+template <typename W, RedOp Op>
 __global__ void __launch_bounds__(kThreads) mixedReduceKernel(const MixedParams p) {
   const size_t tid = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   const size_t stride = gridDim.x * static_cast<size_t>(blockDim.x);
@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(kThreads) convertKernel(const ConvertParams p)
 
 // -- host side ------------------------------------------------------------------------------------
 
-template <typename W, KOp Op>
+template <typename W, RedOp Op>
 void launchMixedTyped(const ReduceLaunch& l, cudaStream_t stream) {
   MixedParams p;
   p.out0 = static_cast<float*>(l.out0);
@@ -176,7 +176,7 @@ void launchMixedTyped(const ReduceLaunch& l, cudaStream_t stream) {
 }
 
 template <typename W>
-void launchMixed(KOp op, const ReduceLaunch& l, cudaStream_t s) {
+void launchMixed(RedOp op, const ReduceLaunch& l, cudaStream_t s) {
   if (!withOp<false>(op, [&](auto tag) { launchMixedTyped<W, decltype(tag)::value>(l, s); }))
     RC_THROW("op '", redOpName(l.op), "' is not defined for float32 data on a 16-bit wire");
 }
@@ -196,7 +196,7 @@ void launchConvertTyped(const ConvertLaunch& l, cudaStream_t stream) {
 
 }  // namespace
 
-void kern::launchWireReduce(KOp op, const ReduceLaunch& l, cudaStream_t stream) {
+void kern::launchWireReduce(RedOp op, const ReduceLaunch& l, cudaStream_t stream) {
   if (*l.wireType == DataType::BFloat16) return launchMixed<Bf16>(op, l, stream);
   launchMixed<Fp16>(op, l, stream);
 }
