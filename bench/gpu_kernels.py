@@ -38,7 +38,7 @@ def measure(dtype_name, mib, iters, warmup, offset=0):
     cdt = getattr(_C.DataType, dtype_name)
 
     def reduce():
-        _C.reduce_kernel(po, 0, pa, pb, n, cdt, _C.RedOp.sum, 1, False, 1.0, stream)
+        _C.testing.reduce_kernel(po, 0, pa, pb, n, cdt, _C.RedOp.sum, 1, False, 1.0, stream)
 
     def copy():
         out[:n].copy_(a[:n])

@@ -208,7 +208,9 @@ PYBIND11_MODULE(_C, m) {
           py::arg("stream") = 0, release)
       .def("close", &Comm::close, release);
 
-  m.def(
+  // Entry points that only tests and benchmarks call, kept out of the package's surface.
+  py::module_ testing = m.def_submodule("testing", "entry points for tests only");
+  testing.def(
       "trace_nccl_groups",
       [](Primitive primitive, int rank, int worldSize, size_t count, int root, DataType type,
          int slots, size_t slotBytes) {
@@ -229,8 +231,6 @@ PYBIND11_MODULE(_C, m) {
       "issues on "
       "`rank` for one collective, from the real plan and executor, without a GPU");
 
-  // Entry points that only tests and benchmarks call, kept out of the package's surface.
-  py::module_ testing = m.def_submodule("testing", "entry points for tests only");
   testing.def(
       "column_count",
       [](Primitive primitive, int worldSize, size_t count, size_t sliceElems) {

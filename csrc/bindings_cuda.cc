@@ -27,7 +27,9 @@ void bindCuda(py::module_& m) {
   m.def("nccl_unique_id", [](const std::string& hint) {
         return py::bytes(makeNcclUniqueId(hint));
       }, py::arg("hint") = "");
-  m.def("reduce_kernel",
+  // Kernel entry points for tests and benchmarks only (bindings.cc made the submodule).
+  auto testing = m.attr("testing").cast<py::module_>();
+  testing.def("reduce_kernel",
         [](uintptr_t out0, uintptr_t out1, uintptr_t a, uintptr_t b, size_t n, DataType type,
            RedOp op, int divisor, bool finalize, float scale, uintptr_t stream,
            std::optional<DataType> wire) {
@@ -42,12 +44,12 @@ void bindCuda(py::module_& m) {
         release,
         "Enqueues out0/out1 = op(a, b) on the current device; pointers are device addresses. "
         "With wire_dtype (float16/bfloat16 under float32), out1 and b are in wire_dtype");
-  m.def("convert_kernel", &convertOnDevice, py::arg("out0"), py::arg("out1"), py::arg("src"),
+  testing.def("convert_kernel", &convertOnDevice, py::arg("out0"), py::arg("out1"), py::arg("src"),
         py::arg("src_is_wire"), py::arg("n"), py::arg("wire_dtype"), py::arg("stream") = 0,
         release,
         "Enqueues out0 (float32) and out1 (wire_dtype) = src, which is in wire_dtype when "
         "src_is_wire");
-  m.def("copy_kernel", &copyOnDevice, py::arg("out0"), py::arg("out1"), py::arg("src"),
+  testing.def("copy_kernel", &copyOnDevice, py::arg("out0"), py::arg("out1"), py::arg("src"),
         py::arg("bytes"), py::arg("stream") = 0, release);
 
   py::class_<CudaRing, std::shared_ptr<CudaRing>>(

@@ -100,10 +100,10 @@ def _reference(dtype, op, a, b, divisor, finalize, scale):
 
 def _run_kernel(dtype, op, out0, out1, a, b, n, divisor=1, finalize=False, scale=1.0):
     stream = torch.cuda.current_stream().cuda_stream
-    _C.reduce_kernel(out0.data_ptr() if out0 is not None else 0,
-                     out1.data_ptr() if out1 is not None else 0,
-                     a.data_ptr(), b.data_ptr(), n, getattr(_C.DataType, dtype),
-                     getattr(_C.RedOp, op), divisor, finalize, scale, stream)
+    _C.testing.reduce_kernel(out0.data_ptr() if out0 is not None else 0,
+                             out1.data_ptr() if out1 is not None else 0,
+                             a.data_ptr(), b.data_ptr(), n, getattr(_C.DataType, dtype),
+                             getattr(_C.RedOp, op), divisor, finalize, scale, stream)
 
 
 def _assert_same(actual, expected, what):
@@ -202,10 +202,11 @@ def _cpu_wire_reduce(op, out0, out1, a, b, n, divisor, finalize, wire):
 
 def _run_wire_kernel(op, out0, out1, a, b, n, wire, divisor=1, finalize=False, scale=1.0):
     stream = torch.cuda.current_stream().cuda_stream
-    _C.reduce_kernel(out0.data_ptr() if out0 is not None else 0,
-                     out1.data_ptr() if out1 is not None else 0,
-                     a.data_ptr(), b.data_ptr(), n, _C.DataType.float32, getattr(_C.RedOp, op),
-                     divisor, finalize, scale, stream, wire_dtype=getattr(_C.DataType, wire))
+    _C.testing.reduce_kernel(out0.data_ptr() if out0 is not None else 0,
+                             out1.data_ptr() if out1 is not None else 0,
+                             a.data_ptr(), b.data_ptr(), n, _C.DataType.float32,
+                             getattr(_C.RedOp, op), divisor, finalize, scale, stream,
+                             wire_dtype=getattr(_C.DataType, wire))
 
 
 @pytest.mark.parametrize("wire", WIRES)
@@ -277,8 +278,8 @@ def test_wire_reduce_kernel_rejects_bad_combinations():
         _run_wire_kernel("sum", x, h, x, h, 8, "int32")
     i = torch.zeros(8, dtype=torch.int32, device="cuda")
     with pytest.raises(RuntimeError, match="cannot travel"):
-        _C.reduce_kernel(i.data_ptr(), 0, i.data_ptr(), h.data_ptr(), 8, _C.DataType.int32,
-                         _C.RedOp.sum, wire_dtype=_C.DataType.float16)
+        _C.testing.reduce_kernel(i.data_ptr(), 0, i.data_ptr(), h.data_ptr(), 8,
+                                 _C.DataType.int32, _C.RedOp.sum, wire_dtype=_C.DataType.float16)
 
 
 @pytest.mark.parametrize("wire", WIRES)
@@ -298,8 +299,8 @@ def test_convert_kernel(wire):
             o0_all, o1_all = torch.zeros(n + pad, device="cuda"), torch.zeros(n + pad, dtype=wt,
                                                                                 device="cuda")
             o0, o1 = o0_all[off:off + n], o1_all[off:off + n]
-            _C.convert_kernel(o0.data_ptr(), o1.data_ptr(), src.data_ptr(), False, n, cwire,
-                              stream)
+            _C.testing.convert_kernel(o0.data_ptr(), o1.data_ptr(), src.data_ptr(), False, n,
+                                      cwire, stream)
             torch.cuda.synchronize()
             _assert_bits(o0, src, what + " to wire, out0")
             _assert_bits(o1, src.cpu().to(wt), what + " to wire, out1", nan_bits=False)
@@ -309,8 +310,8 @@ def test_convert_kernel(wire):
             src = w_all[src_off:src_off + n]
             o0_all.zero_()
             o1_all.zero_()
-            _C.convert_kernel(o0.data_ptr(), o1.data_ptr(), src.data_ptr(), True, n, cwire,
-                              stream)
+            _C.testing.convert_kernel(o0.data_ptr(), o1.data_ptr(), src.data_ptr(), True, n,
+                                      cwire, stream)
             torch.cuda.synchronize()
             _assert_bits(o1, src, what + " from wire, out1")
             _assert_bits(o0, src.cpu().float(), what + " from wire, out0", nan_bits=False)
@@ -319,7 +320,8 @@ def test_convert_kernel(wire):
     # Outputs that are the source itself are left alone; the other one is still written.
     x = torch.randn(1001, device="cuda")
     h = torch.empty(1001, dtype=wt, device="cuda")
-    _C.convert_kernel(x.data_ptr(), h.data_ptr(), x.data_ptr(), False, 1001, cwire, stream)
+    _C.testing.convert_kernel(x.data_ptr(), h.data_ptr(), x.data_ptr(), False, 1001, cwire,
+                              stream)
     torch.cuda.synchronize()
     _assert_bits(h, x.to(wt), f"{wire} convert with out0 == src")
 
@@ -336,8 +338,8 @@ def test_reduce_kernel_rejects_bad_combinations():
 def test_copy_kernel():
     src = torch.arange(1001, dtype=torch.uint8, device="cuda")
     a, b = torch.zeros_like(src), torch.zeros_like(src)
-    _C.copy_kernel(a.data_ptr(), b.data_ptr(), src.data_ptr() + 1, 1000,
-                   torch.cuda.current_stream().cuda_stream)
+    _C.testing.copy_kernel(a.data_ptr(), b.data_ptr(), src.data_ptr() + 1, 1000,
+                           torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
     assert torch.equal(a[:1000], src[1:]) and torch.equal(b[:1000], src[1:])
 

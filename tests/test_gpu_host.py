@@ -74,8 +74,8 @@ def nccl_groups(primitive, n, count, root, slots, slot_bytes):
     kind = _C.Primitive.__members__[primitive]
     ranks = []
     for r in range(n):
-        groups = _C.trace_nccl_groups(kind, r, n, count, root, _C.DataType.float32, slots,
-                                      slot_bytes)
+        groups = _C.testing.trace_nccl_groups(kind, r, n, count, root, _C.DataType.float32,
+                                              slots, slot_bytes)
         groups = [[op for op in g if op[2] > 0] for g in groups]
         ranks.append([g for g in groups if g])
     return ranks
