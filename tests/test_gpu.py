@@ -1,23 +1,21 @@
 """GPU tests: the reduction kernels against exact references, and the NCCL ring on 2 and 4 ranks.
 
 They need ringcomm built with CUDA and a visible GPU; everywhere else they skip. Several ranks
-share one GPU: NCCL >= 2.30 allows it with NCCL_MULTI_RANK_GPU_ENABLE=1; older NCCL gets a
-different NCCL_HOSTID per rank (each rank looks like its own host; traffic goes over sockets).
+share one GPU (tests/launcher.py's shared_gpu_env: ringcomm.cuda_backend.shared_gpu_env).
 RINGCOMM_TEST_WORLDS (default "2,4") picks the world sizes of the multi-rank tests.
 """
-import multiprocessing
 import os
-import tempfile
-import traceback
 
 import pytest
+from launcher import launch, shared_gpu_env
 
 torch = pytest.importorskip("torch")
 
 try:
-    from ringcomm import _C
+    from ringcomm import _C, cuda_backend
+    from sweep import OPS, op_valid
 except ImportError:  # not built: every test here skips
-    _C = None
+    _C, OPS = None, []
 
 HAS_CUDA = _C is not None and hasattr(_C, "cuda_available") and _C.cuda_available()
 pytestmark = [pytest.mark.gpu,
@@ -32,17 +30,10 @@ DTYPES = {
     "int32": torch.int32, "int64": torch.int64, "bool": torch.bool,
 }
 FLOATS = {"float32", "float64", "float16", "bfloat16"}
-OPS = ["sum", "prod", "min", "max", "avg", "band", "bor", "bxor", "land", "lor"]
 COUNTS = [0, 1, 7, 1000, (1 << 20) + 3]
 
-
-def _supported(dtype, op):
-    if dtype in FLOATS:
-        return op in ("sum", "prod", "min", "max", "avg")
-    return not (dtype == "bool" and op == "avg")
-
-
-CASES = [(d, o) for d in DTYPES for o in OPS if _supported(d, o)]
+# Every op the C++ table defines for the dtype (tests/sweep.py reads it).
+CASES = [(d, o) for d in DTYPES for o in OPS if op_valid(o, DTYPES[d])]
 
 
 # -- kernel references ---------------------------------------------------------------------------
@@ -345,80 +336,34 @@ def test_copy_kernel():
 
 
 def test_nccl_loads_and_makes_ids():
-    path, version = _C.nccl_library(_nccl_hint())
+    path, version = _C.nccl_library(cuda_backend.nccl_library_hint())
     assert version >= 20700 and path
-    assert len(_C.nccl_unique_id(_nccl_hint())) == 128
+    assert len(_C.nccl_unique_id(cuda_backend.nccl_library_hint())) == 128
 
 
 # -- multi-rank ----------------------------------------------------------------------------------
 
-def _nccl_hint():
+def _on_ring(rank, world, body):
+    """A launch() worker: body(comm, ring, rank, world, store) on a CUDA ring over GPU 0."""
+    torch.cuda.set_device(0)
+    store = torch.distributed.distributed_c10d._get_default_store()
+    hint = cuda_backend.nccl_library_hint()
+    if rank == 0:
+        store.set("ringcomm-nccl-id", _C.nccl_unique_id(hint))
+    uid = store.get("ringcomm-nccl-id")
+    # 1 MiB slices: ranks time-slice one GPU, so fewer, larger messages.
+    ring = _C.CudaRing(rank, world, 0, uid, slice_bytes=SLICE_BYTES, timeout=60.0,
+                       library_hint=hint)
+    comm = _C.Communicator(rank, world, ring.transport, ring.reducer, SLICE_BYTES)
     try:
-        import nvidia.nccl
-
-        return os.path.join(list(nvidia.nccl.__path__)[0], "lib")
-    except ImportError:
-        return ""
-
-
-def _rank_env(rank):
-    """Lets several ranks share GPU 0 (see the module docstring)."""
-    env = {"NCCL_MAX_CTAS": os.environ.get("NCCL_MAX_CTAS", "8")}
-    _, version = _C.nccl_library(_nccl_hint())
-    if version >= 23000:
-        env["NCCL_MULTI_RANK_GPU_ENABLE"] = "1"
-    else:
-        env.update(NCCL_HOSTID=f"ringcomm-test-{rank}", NCCL_SOCKET_IFNAME="lo")
-    return env
+        body(comm, ring, rank, world, store)
+    finally:
+        comm.close()
+        ring.release()
 
 
-def _worker(fn, rank, world, store_path, errors):
-    try:
-        from ringcomm import _C as C  # noqa: F401  (fails early in the child if not importable)
-
-        os.environ.update(_rank_env(rank))
-        torch.cuda.set_device(0)
-        store = torch.distributed.FileStore(store_path, world)
-        if rank == 0:
-            store.set("ringcomm-nccl-id", _C.nccl_unique_id(_nccl_hint()))
-        uid = store.get("ringcomm-nccl-id")
-        # 1 MiB slices: ranks time-slice one GPU, so fewer, larger messages.
-        ring = _C.CudaRing(rank, world, 0, uid, slice_bytes=SLICE_BYTES, timeout=60.0,
-                           library_hint=_nccl_hint())
-        comm = _C.Communicator(rank, world, ring.transport, ring.reducer, SLICE_BYTES)
-        try:
-            fn(comm, ring, rank, world, store)
-        finally:
-            comm.close()
-            ring.release()
-    except BaseException:
-        errors.put((rank, traceback.format_exc()))
-        raise SystemExit(1)
-
-
-def _launch(world, fn, timeout=240):
-    # spawn, not fork: the parent already initialised CUDA.
-    ctx = multiprocessing.get_context("spawn")
-    errors = ctx.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = [ctx.Process(target=_worker, args=(fn, r, world, os.path.join(tmp, "store"), errors))
-                 for r in range(world)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(timeout)
-        hung = [r for r, p in enumerate(procs) if p.is_alive()]
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
-    failures = []
-    while not errors.empty():
-        failures.append(errors.get())
-    assert not hung, f"ranks {hung} did not finish within {timeout} s"
-    assert not failures, "\n".join(f"rank {r}:\n{tb}" for r, tb in sorted(failures))
-    codes = [p.exitcode for p in procs]
-    assert codes == [0] * world, f"exit codes {codes}"
+# spawn, not fork: the parent already initialised CUDA; the ranks share GPU 0.
+ON_SHARED_GPU = dict(start_method="spawn", env=shared_gpu_env)
 
 
 def _values(rank, n, dtype):
@@ -527,7 +472,7 @@ def _wire_all_reduce(comm, ring, rank, world, store):
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_wire_all_reduce(world):
-    _launch(world, _wire_all_reduce)
+    launch(world, _on_ring, _wire_all_reduce, timeout=240, **ON_SHARED_GPU)
 
 
 def _stream_semantics(comm, ring, rank, world, store):
@@ -598,71 +543,44 @@ def _timeout(comm, ring, rank, world, store):
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_every_primitive(world):
-    _launch(world, _all_primitives)
+    launch(world, _on_ring, _all_primitives, timeout=240, **ON_SHARED_GPU)
 
 
 @pytest.mark.parametrize("world", WORLDS[:1])
 def test_stream_semantics_and_graphs(world):
-    _launch(world, _stream_semantics)
+    launch(world, _on_ring, _stream_semantics, timeout=240, **ON_SHARED_GPU)
 
 
 def test_timeout_names_peers():
-    _launch(2, _timeout)
+    launch(2, _on_ring, _timeout, timeout=240, **ON_SHARED_GPU)
 
 
 def test_missing_peer_times_out_at_creation():
     """The watchdog: a blocking NCCL init whose peer never joins aborts and raises instead of
     hanging."""
-    uid = _C.nccl_unique_id(_nccl_hint())
+    uid = _C.nccl_unique_id(cuda_backend.nccl_library_hint())
     with pytest.raises(_C.CommTimeoutError, match="creating the NCCL communicator.*rank 0 of 2"):
-        _C.CudaRing(0, 2, 0, uid, timeout=5.0, library_hint=_nccl_hint())
+        _C.CudaRing(0, 2, 0, uid, timeout=5.0, library_hint=cuda_backend.nccl_library_hint())
 
 
 def test_python_api_on_cuda_tensors():
     """The public API on CUDA tensors, once ringcomm.Communicator supports them."""
-    _launch_api(WORLDS[0])
-
-
-def _api_worker(rank, world, store_path, errors):
-    try:
-        os.environ.update(_rank_env(rank))
-        torch.cuda.set_device(0)
-        import ringcomm
-
-        torch.distributed.init_process_group("gloo", init_method=f"file://{store_path}",
-                                             rank=rank, world_size=world)
-        comm = ringcomm.Communicator()
-        t = torch.full((1001,), rank + 1.0, device="cuda")
-        try:
-            comm.all_reduce(t)
-        except NotImplementedError:
-            errors.put((rank, "SKIP"))
-            return
-        torch.cuda.synchronize()
-        assert torch.all(t == world * (world + 1) / 2)
-        comm.close()
-        torch.distributed.destroy_process_group()
-    except BaseException:
-        errors.put((rank, traceback.format_exc()))
-        raise SystemExit(1)
-
-
-def _launch_api(world):
-    ctx = multiprocessing.get_context("spawn")
-    errors = ctx.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = [ctx.Process(target=_api_worker, args=(r, world, os.path.join(tmp, "s"), errors))
-                 for r in range(world)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(180)
-            if p.is_alive():
-                p.kill()
-    reports = []
-    while not errors.empty():
-        reports.append(errors.get())
-    if reports and all(r[1] == "SKIP" for r in reports):
+    results = launch(WORLDS[0], _api_all_reduce, timeout=180, **ON_SHARED_GPU)
+    if all(r == "SKIP" for r in results):
         pytest.skip("ringcomm.Communicator does not support CUDA tensors yet")
-    assert not reports, "\n".join(f"rank {r}:\n{tb}" for r, tb in reports)
-    assert [p.exitcode for p in procs] == [0] * world
+    assert "SKIP" not in results, results
+
+
+def _api_all_reduce(rank, world):
+    torch.cuda.set_device(0)
+    import ringcomm
+
+    comm = ringcomm.Communicator()
+    t = torch.full((1001,), rank + 1.0, device="cuda")
+    try:
+        comm.all_reduce(t)
+    except NotImplementedError:
+        return "SKIP"
+    torch.cuda.synchronize()
+    assert torch.all(t == world * (world + 1) / 2)
+    comm.close()
