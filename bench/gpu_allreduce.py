@@ -16,15 +16,6 @@ import torch.multiprocessing as mp
 from gpu_kernels import time_per_call
 
 
-def _nccl_hint():
-    try:
-        import nvidia.nccl
-
-        return os.path.join(list(nvidia.nccl.__path__)[0], "lib")
-    except ImportError:
-        return ""
-
-
 def _time(fn, iters, warmup):
     """Seconds per call, timed with CUDA events once every rank has warmed up."""
     for _ in range(warmup):
@@ -35,21 +26,18 @@ def _time(fn, iters, warmup):
 
 
 def _rank(rank, world, store_path, sizes_mib, iters, warmup, slices, out_path):
-    from ringcomm import _C
+    from ringcomm import _C, cuda_backend
 
-    if _C.nccl_library(_nccl_hint())[1] >= 23000:
-        os.environ["NCCL_MULTI_RANK_GPU_ENABLE"] = "1"
-    else:
-        os.environ.update(NCCL_HOSTID=f"bench-{rank}", NCCL_SOCKET_IFNAME="lo")
+    os.environ.update(cuda_backend.shared_gpu_env(rank))
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", init_method=f"file://{store_path}", rank=rank,
                             world_size=world, device_id=torch.device("cuda", 0))
     store = dist.distributed_c10d._get_default_store()
     if rank == 0:
-        store.set("ringcomm-bench-id", _C.nccl_unique_id(_nccl_hint()))
+        store.set("ringcomm-bench-id", _C.nccl_unique_id(cuda_backend.nccl_library_hint()))
     # Slots as large as the largest slice; each measurement sets the slice it wants.
     ring = _C.CudaRing(rank, world, 0, store.get("ringcomm-bench-id"), slice_bytes=max(slices),
-                       library_hint=_nccl_hint())
+                       library_hint=cuda_backend.nccl_library_hint())
     comm = _C.Communicator(rank, world, ring.transport, ring.reducer, max(slices))
     ring.release()
     rows = []

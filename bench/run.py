@@ -101,11 +101,10 @@ def _ringcomm_impl(comm, args, device):
 
 def _share_gpu(rank):
     """More ranks than GPUs: NCCL refuses two ranks on one GPU unless told (docs/design.md)."""
-    if torch.cuda.nccl.version() >= (2, 30, 0):
-        os.environ.setdefault("NCCL_MULTI_RANK_GPU_ENABLE", "1")
-    else:  # older NCCL: make each rank look like its own host, talking over loopback sockets
-        os.environ.setdefault("NCCL_HOSTID", f"ringcomm-bench-{rank}")
-        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    major, minor, patch = torch.cuda.nccl.version()[:3]  # the one ringcomm loads too
+    env = ringcomm.cuda_backend.shared_gpu_env(rank, major * 10000 + minor * 100 + patch)
+    for name, value in env.items():
+        os.environ.setdefault(name, value)
 
 
 def worker(rank, world, args, init_method):

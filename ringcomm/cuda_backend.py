@@ -15,6 +15,18 @@ def nccl_library_hint():
         return ""
 
 
+def shared_gpu_env(rank, nccl_version=None):
+    """Environment variables that let several ranks share one GPU; set them before NCCL creates
+    a communicator. NCCL >= 2.30 allows it when asked; older NCCL refuses ("Duplicate GPU
+    detected") unless each rank looks like its own host, and then talks over loopback sockets.
+    nccl_version: the version code of the NCCL that will run (default: the one ringcomm loads)."""
+    if nccl_version is None:
+        nccl_version = _C.nccl_library(nccl_library_hint())[1]
+    if nccl_version >= 23000:
+        return {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}
+    return {"NCCL_HOSTID": f"ringcomm-rank-{rank}", "NCCL_SOCKET_IFNAME": "lo"}
+
+
 def available():
     return bool(_C.build_info()["cuda"]) and _C.cuda_available()
 

@@ -44,17 +44,12 @@ def _worker(fn, rank, world_size, store_path, results, args, env):
 
 
 def shared_gpu_env(rank):
-    """Environment that lets several ranks share one GPU, for launch(env=shared_gpu_env): NCCL
-    refuses it before 2.30 unless each rank looks like its own host (docs/design.md)."""
-    from ringcomm import _C, cuda_backend
+    """Environment that lets several ranks share one GPU, for launch(env=shared_gpu_env):
+    ringcomm.cuda_backend.shared_gpu_env, with few NCCL CTAs (the ranks time-slice the GPU)."""
+    from ringcomm import cuda_backend
 
-    env = {"NCCL_MAX_CTAS": os.environ.get("NCCL_MAX_CTAS", "8")}
-    _, version = _C.nccl_library(cuda_backend.nccl_library_hint())
-    if version >= 23000:
-        env["NCCL_MULTI_RANK_GPU_ENABLE"] = "1"
-    else:  # ranks then talk over loopback sockets
-        env.update(NCCL_HOSTID=f"ringcomm-test-{rank}", NCCL_SOCKET_IFNAME="lo")
-    return env
+    return {"NCCL_MAX_CTAS": os.environ.get("NCCL_MAX_CTAS", "8"),
+            **cuda_backend.shared_gpu_env(rank)}
 
 
 def launch(world_size, fn, *args, timeout=120, allow_exit=None, start_method="fork", env=None):

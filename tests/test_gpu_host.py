@@ -202,3 +202,20 @@ def test_a_scale_needs_a_floating_type_and_a_reducer_that_scales():
     comm.all_reduce(x.ctypes.data, 8, _C.DataType.float32, _C.RedOp.max)
     assert comm.failure == "" and (x == np.arange(8)).all()
     comm.close()
+
+
+def test_shared_gpu_env_picks_the_nccl_path():
+    """Ranks sharing one GPU: NCCL >= 2.30 is asked to allow it; older NCCL sees each rank as its
+    own host (a different NCCL_HOSTID), talking over loopback."""
+    from launcher import shared_gpu_env as test_env
+    from ringcomm.cuda_backend import shared_gpu_env
+
+    assert shared_gpu_env(3, nccl_version=23003) == {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}
+    old = [shared_gpu_env(r, nccl_version=22809) for r in range(2)]
+    assert all(env["NCCL_SOCKET_IFNAME"] == "lo" for env in old)
+    assert old[0]["NCCL_HOSTID"] != old[1]["NCCL_HOSTID"]
+    assert "NCCL_MULTI_RANK_GPU_ENABLE" not in old[0]
+    if _C.build_info()["cuda"]:  # the default asks the NCCL ringcomm loads
+        env = test_env(0)
+        assert env["NCCL_MAX_CTAS"] and set(env) - {"NCCL_MAX_CTAS"} in (
+            {"NCCL_MULTI_RANK_GPU_ENABLE"}, {"NCCL_HOSTID", "NCCL_SOCKET_IFNAME"})
