@@ -5,7 +5,7 @@ kill-after slack and the final bundling stays under 6 minutes): environment, bui
 view of CUDA/NCCL, kernel bandwidth (no NCCL: the one number a time-sliced GPU measures
 honestly), then world 2 (allreduce against NCCL, the GPU tests), then world 4 only while time
 is left. A stage that fails is recorded and the next one still runs; a stage past its limit is
-terminated, then killed KILL_AFTER seconds later.
+interrupted (SIGINT: pytest still reports what ran), then killed KILL_AFTER seconds later.
 
 $OUT receives at most three files, each rewritten after every stage, so a run cut short still
 reports: summary.json (exit codes, seconds, results), check.log (every stage's output) and
@@ -134,7 +134,8 @@ def cuda_home():
 def plan(python, work, pytest_timeout=True):
     """The stages, in order. `work` holds everything that goes into the bundle."""
     py = [python]
-    tests = py + ["-m", "pytest", "tests/test_gpu.py", "-q", "-rA", "--durations=0", "-p",
+    # -v: every test's outcome is in check.log as it finishes, even if the stage is killed.
+    tests = py + ["-m", "pytest", "tests/test_gpu.py", "-v", "-rA", "--durations=0", "-p",
                   "no:cacheprovider"] + (["--timeout=90"] if pytest_timeout else [])
     allreduce = py + ["bench/gpu_allreduce.py", "--mib", "64", "256", "--slices-mib", "1", "4",
                       "16", "32"]
@@ -273,7 +274,9 @@ class Check:
             proc.wait(limit)
         except subprocess.TimeoutExpired:
             timed_out = True
-            self.signal(proc, signal.SIGTERM)
+            # SIGINT, not SIGTERM: pytest stops at KeyboardInterrupt and still writes its JUnit
+            # XML and -rA summary (which tests ran, the failures' tracebacks); SIGTERM loses both.
+            self.signal(proc, signal.SIGINT)
             try:
                 proc.wait(KILL_AFTER)
             except subprocess.TimeoutExpired:
