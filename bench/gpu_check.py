@@ -93,6 +93,18 @@ print(json.dumps(info, indent=1))
 print("ENV_JSON " + json.dumps(info))
 """
 
+# Run under MPS right after its daemon starts: a server that cannot start (a container without
+# the rights it needs) makes every later CUDA context fail, which would cost the whole lease.
+MPS_PROBE = r"""
+import ctypes, sys
+cuda = ctypes.CDLL("libcuda.so.1")
+ctx = ctypes.c_void_p()
+rc = (cuda.cuInit(0) or cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0)
+      or cuda.cuCtxSetCurrent(ctx) or cuda.cuCtxSynchronize())
+if rc:
+    raise SystemExit(f"CUresult {rc}")
+"""
+
 INFO_PROBE = r"""
 import json, ringcomm
 from ringcomm import _C, cuda_backend
@@ -242,14 +254,30 @@ class Check:
             for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
                 env.pop(key)
             return f"failed to start (rc {proc.returncode}): {proc.stderr.strip()[-300:]}"
-        self.mps_control = (control, env)
+        self.mps_control = (control, env.copy())
+        try:
+            probe = subprocess.run([self.python, "-c", MPS_PROBE], env=env, capture_output=True,
+                                   text=True, timeout=30)
+            why = f"rc {probe.returncode}: {probe.stderr.strip()[-200:]}"
+            usable = probe.returncode == 0
+        except subprocess.TimeoutExpired:
+            why, usable = "a CUDA context took over 30 s", False
+        if not usable:  # without MPS the ranks are time-sliced, but they run
+            self.stop_mps()
+            self.mps_control = (None, None)
+            for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
+                env.pop(key)
+            return f"started but unusable ({why}): stopped, running without MPS"
         return "started"
 
     def stop_mps(self):
         control, env = getattr(self, "mps_control", (None, None))
         if control:
-            subprocess.run([control], input="quit\n", env=env, text=True, timeout=10,
-                           capture_output=True)
+            try:  # never in the way of the final summary
+                subprocess.run([control], input="quit\n", env=env, text=True, timeout=10,
+                               capture_output=True)
+            except Exception as error:
+                self.say(f"== stopping MPS failed: {error}")
 
     def run_stage(self, stage, env):
         left = self.deadline - time.monotonic() - KILL_AFTER

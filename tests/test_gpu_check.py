@@ -142,3 +142,26 @@ def test_script_picks_the_interpreter_that_has_torch(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["results"]["env"]["which"]["python3"] == str(bin_dir / "python3")
     assert summary["results"]["env"]["torch"], "ran under the interpreter that has torch"
+
+
+def test_mps_that_cannot_serve_is_stopped_and_left_out(tmp_path, monkeypatch):
+    """A control daemon that starts but whose server cannot make a CUDA context (here: no
+    driver at all) would fail every later stage: the check stops it and runs without MPS."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    control = bin_dir / "nvidia-cuda-mps-control"
+    # `-d` starts the daemon; no argument reads commands ("quit") from stdin.
+    control.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n"
+                       f"[ $# -eq 0 ] && cat >> {calls}\nexit 0\n")
+    control.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("RINGCOMM_GPU_CHECK_MPS", raising=False)
+    check = gpu_check.Check(tmp_path / "out", sys.executable, dry=False)
+    env = {"PATH": os.environ["PATH"]}
+    state = check.start_mps(env)
+    assert state.startswith("started but unusable"), state
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in env and "CUDA_MPS_LOG_DIRECTORY" not in env
+    assert "quit" in calls.read_text(), "the daemon was told to quit"
+    check.stop_mps()  # already stopped: nothing more is sent
+    assert calls.read_text().count("quit") == 1
