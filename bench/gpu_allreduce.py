@@ -40,7 +40,8 @@ def _rank(rank, world, store_path, sizes_mib, iters, warmup, slices, out_path):
     if _C.nccl_library(_nccl_hint())[1] >= 23000:
         os.environ["NCCL_MULTI_RANK_GPU_ENABLE"] = "1"
     else:
-        os.environ.update(NCCL_HOSTID=f"bench-{rank}", NCCL_SOCKET_IFNAME="lo")
+        os.environ.update(NCCL_HOSTID=f"bench-{rank}", NCCL_SOCKET_IFNAME="lo",
+                          NCCL_IB_DISABLE="1")  # both rings over loopback sockets
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", init_method=f"file://{store_path}", rank=rank,
                             world_size=world, device_id=torch.device("cuda", 0))

@@ -88,7 +88,8 @@ if lib is not None:
     info["nccl_loaded_path"] = next((l.split()[-1] for l in maps if "libnccl.so" in l), None)
     # The multi-rank-per-GPU path the tests and benchmarks take (tests/test_gpu.py _rank_env).
     info["multi_rank_path"] = ("NCCL_MULTI_RANK_GPU_ENABLE=1" if code.value >= 23000 else
-                               "NCCL_HOSTID per rank + NCCL_SOCKET_IFNAME=lo (sockets)")
+                               "NCCL_HOSTID per rank, NCCL_SOCKET_IFNAME=lo, NCCL_IB_DISABLE=1 "
+                               "(sockets)")
 print(json.dumps(info, indent=1))
 print("ENV_JSON " + json.dumps(info))
 """
