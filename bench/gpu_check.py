@@ -14,6 +14,10 @@ bundle.tar.gz (JUnit XML, NCCL_DEBUG=INFO files, per-stage JSON).
     OUT=/tmp/out bash bench/gpu_check.sh            # the real check (on the GPU machine)
     OUT=/tmp/out bash bench/gpu_check.sh --dry-run  # the stage logic here, commands stubbed
 
+If the image may lack pybind11 (the build needs it), copy it into build/pydeps first and carry
+that folder: cp -r "$(python -c 'import pybind11, os; print(os.path.dirname(pybind11.__file__))')"
+build/pydeps/ (the check puts build/pydeps on PYTHONPATH whenever that folder exists).
+
 Only the standard library here: the probes that need torch or ringcomm run as stages.
 """
 import argparse
@@ -33,6 +37,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 KILL_AFTER = 5
+# Build-time Python packages the image may lack (pybind11 is no dependency of torch, and there is
+# no network there): a session copies them here (an ignored folder) and carries it to the lease.
+PYDEPS = ROOT / "build" / "pydeps"
 BUDGET = 345        # seconds for all stages; + KILL_AFTER + bundling stays under 360
 MAX_DEBUG_BYTES = 2 << 20  # per NCCL debug file in the bundle (the lease returns <= 16 MiB)
 OUTPUT_FILES = ("summary.json", "check.log", "bundle.tar.gz")
@@ -232,7 +239,8 @@ class Check:
         env.update(CUDA_HOME=cuda_home(), RINGCOMM_CUDA="1",
                    RINGCOMM_CUDA_ARCHS=os.environ.get("RINGCOMM_CUDA_ARCHS", "90"),
                    RINGCOMM_BUILD_JOBS=os.environ.get("RINGCOMM_BUILD_JOBS", str(os.cpu_count())),
-                   PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH"),
+                                                             str(PYDEPS) if PYDEPS.is_dir() else None])),
                    NCCL_DEBUG=os.environ.get("NCCL_DEBUG", "INFO"),
                    NCCL_DEBUG_FILE=str(self.work / "nccl.%h.%p.log"))
         return env

@@ -165,3 +165,15 @@ def test_mps_that_cannot_serve_is_stopped_and_left_out(tmp_path, monkeypatch):
     assert "quit" in calls.read_text(), "the daemon was told to quit"
     check.stop_mps()  # already stopped: nothing more is sent
     assert calls.read_text().count("quit") == 1
+
+
+def test_carried_build_packages_are_on_the_stages_path(tmp_path, monkeypatch):
+    """pybind11 is no dependency of torch: a session carries it in build/pydeps, and every stage
+    (the build first) finds it there."""
+    deps = tmp_path / "pydeps"
+    monkeypatch.setattr(gpu_check, "PYDEPS", deps)
+    check = gpu_check.Check(tmp_path / "out", sys.executable, dry=True)
+    assert str(deps) not in check.environment()["PYTHONPATH"].split(os.pathsep)
+    deps.mkdir()
+    path = check.environment()["PYTHONPATH"].split(os.pathsep)
+    assert path[0] == str(gpu_check.ROOT) and str(deps) in path
