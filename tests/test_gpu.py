@@ -403,15 +403,17 @@ def _launch(world, fn, timeout=240):
     with tempfile.TemporaryDirectory() as tmp:
         procs = [ctx.Process(target=_worker, args=(fn, r, world, os.path.join(tmp, "store"), errors))
                  for r in range(world)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(timeout)
-        hung = [r for r, p in enumerate(procs) if p.is_alive()]
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
+        try:
+            for p in procs:
+                p.start()
+            for p in procs:
+                p.join(timeout)
+        finally:  # also when pytest-timeout interrupts the join: no rank outlives its test
+            hung = [r for r, p in enumerate(procs) if p.is_alive()]
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                    p.join()
     failures = []
     while not errors.empty():
         failures.append(errors.get())
@@ -653,12 +655,16 @@ def _launch_api(world):
     with tempfile.TemporaryDirectory() as tmp:
         procs = [ctx.Process(target=_api_worker, args=(r, world, os.path.join(tmp, "s"), errors))
                  for r in range(world)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(180)
-            if p.is_alive():
-                p.kill()
+        try:
+            for p in procs:
+                p.start()
+            for p in procs:
+                p.join(180)
+        finally:  # as in _launch
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                    p.join()
     reports = []
     while not errors.empty():
         reports.append(errors.get())
