@@ -5,7 +5,7 @@ kill-after slack and the final bundling stays under 6 minutes): environment, bui
 view of CUDA/NCCL, kernel bandwidth (no NCCL: the one number a time-sliced GPU measures
 honestly), then world 2 (allreduce against NCCL, the GPU tests), then world 4 only while time
 is left. A stage that fails is recorded and the next one still runs; a stage past its limit is
-terminated, then killed KILL_AFTER seconds later.
+interrupted (SIGINT: pytest still reports what ran), then killed KILL_AFTER seconds later.
 
 $OUT receives at most three files, each rewritten after every stage, so a run cut short still
 reports: summary.json (exit codes, seconds, results), check.log (every stage's output) and
@@ -13,6 +13,10 @@ bundle.tar.gz (JUnit XML, NCCL_DEBUG=INFO files, per-stage JSON).
 
     OUT=/tmp/out bash bench/gpu_check.sh            # the real check (on the GPU machine)
     OUT=/tmp/out bash bench/gpu_check.sh --dry-run  # the stage logic here, commands stubbed
+
+If the image may lack pybind11 (the build needs it), copy it into build/pydeps first and carry
+that folder: cp -r "$(python -c 'import pybind11, os; print(os.path.dirname(pybind11.__file__))')"
+build/pydeps/ (the check puts build/pydeps on PYTHONPATH whenever that folder exists).
 
 Only the standard library here: the probes that need torch or ringcomm run as stages.
 """
@@ -33,6 +37,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 KILL_AFTER = 5
+# Build-time Python packages the image may lack (pybind11 is no dependency of torch, and there is
+# no network there): a session copies them here (an ignored folder) and carries it to the lease.
+PYDEPS = ROOT / "build" / "pydeps"
 BUDGET = 345        # seconds for all stages; + KILL_AFTER + bundling stays under 360
 MAX_DEBUG_BYTES = 2 << 20  # per NCCL debug file in the bundle (the lease returns <= 16 MiB)
 OUTPUT_FILES = ("summary.json", "check.log", "bundle.tar.gz")
@@ -88,9 +95,22 @@ if lib is not None:
     info["nccl_loaded_path"] = next((l.split()[-1] for l in maps if "libnccl.so" in l), None)
     # The multi-rank-per-GPU path the tests and benchmarks take (cuda_backend.shared_gpu_env).
     info["multi_rank_path"] = ("NCCL_MULTI_RANK_GPU_ENABLE=1" if code.value >= 23000 else
-                               "NCCL_HOSTID per rank + NCCL_SOCKET_IFNAME=lo (sockets)")
+                               "NCCL_HOSTID per rank, NCCL_SOCKET_IFNAME=lo, NCCL_IB_DISABLE=1 "
+                               "(sockets)")
 print(json.dumps(info, indent=1))
 print("ENV_JSON " + json.dumps(info))
+"""
+
+# Run under MPS right after its daemon starts: a server that cannot start (a container without
+# the rights it needs) makes every later CUDA context fail, which would cost the whole lease.
+MPS_PROBE = r"""
+import ctypes, sys
+cuda = ctypes.CDLL("libcuda.so.1")
+ctx = ctypes.c_void_p()
+rc = (cuda.cuInit(0) or cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0)
+      or cuda.cuCtxSetCurrent(ctx) or cuda.cuCtxSynchronize())
+if rc:
+    raise SystemExit(f"CUresult {rc}")
 """
 
 INFO_PROBE = r"""
@@ -134,7 +154,8 @@ def cuda_home():
 def plan(python, work, pytest_timeout=True):
     """The stages, in order. `work` holds everything that goes into the bundle."""
     py = [python]
-    tests = py + ["-m", "pytest", "tests/test_gpu.py", "-q", "-rA", "--durations=0", "-p",
+    # -v: every test's outcome is in check.log as it finishes, even if the stage is killed.
+    tests = py + ["-m", "pytest", "tests/test_gpu.py", "-v", "-rA", "--durations=0", "-p",
                   "no:cacheprovider"] + (["--timeout=90"] if pytest_timeout else [])
     allreduce = py + ["bench/gpu_allreduce.py", "--mib", "64", "256", "--slices-mib", "1", "4",
                       "16", "32"]
@@ -218,7 +239,8 @@ class Check:
         env.update(CUDA_HOME=cuda_home(), RINGCOMM_CUDA="1",
                    RINGCOMM_CUDA_ARCHS=os.environ.get("RINGCOMM_CUDA_ARCHS", "90"),
                    RINGCOMM_BUILD_JOBS=os.environ.get("RINGCOMM_BUILD_JOBS", str(os.cpu_count())),
-                   PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH"),
+                                                             str(PYDEPS) if PYDEPS.is_dir() else None])),
                    NCCL_DEBUG=os.environ.get("NCCL_DEBUG", "INFO"),
                    NCCL_DEBUG_FILE=str(self.work / "nccl.%h.%p.log"))
         return env
@@ -241,14 +263,30 @@ class Check:
             for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
                 env.pop(key)
             return f"failed to start (rc {proc.returncode}): {proc.stderr.strip()[-300:]}"
-        self.mps_control = (control, env)
+        self.mps_control = (control, env.copy())
+        try:
+            probe = subprocess.run([self.python, "-c", MPS_PROBE], env=env, capture_output=True,
+                                   text=True, timeout=30)
+            why = f"rc {probe.returncode}: {probe.stderr.strip()[-200:]}"
+            usable = probe.returncode == 0
+        except subprocess.TimeoutExpired:
+            why, usable = "a CUDA context took over 30 s", False
+        if not usable:  # without MPS the ranks are time-sliced, but they run
+            self.stop_mps()
+            self.mps_control = (None, None)
+            for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
+                env.pop(key)
+            return f"started but unusable ({why}): stopped, running without MPS"
         return "started"
 
     def stop_mps(self):
         control, env = getattr(self, "mps_control", (None, None))
         if control:
-            subprocess.run([control], input="quit\n", env=env, text=True, timeout=10,
-                           capture_output=True)
+            try:  # never in the way of the final summary
+                subprocess.run([control], input="quit\n", env=env, text=True, timeout=10,
+                               capture_output=True)
+            except Exception as error:
+                self.say(f"== stopping MPS failed: {error}")
 
     def run_stage(self, stage, env):
         left = self.deadline - time.monotonic() - KILL_AFTER
@@ -273,7 +311,9 @@ class Check:
             proc.wait(limit)
         except subprocess.TimeoutExpired:
             timed_out = True
-            self.signal(proc, signal.SIGTERM)
+            # SIGINT, not SIGTERM: pytest stops at KeyboardInterrupt and still writes its JUnit
+            # XML and -rA summary (which tests ran, the failures' tracebacks); SIGTERM loses both.
+            self.signal(proc, signal.SIGINT)
             try:
                 proc.wait(KILL_AFTER)
             except subprocess.TimeoutExpired:

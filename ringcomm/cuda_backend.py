@@ -24,7 +24,9 @@ def shared_gpu_env(rank, nccl_version=None):
         nccl_version = _C.nccl_library(nccl_library_hint())[1]
     if nccl_version >= 23000:
         return {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}
-    return {"NCCL_HOSTID": f"ringcomm-rank-{rank}", "NCCL_SOCKET_IFNAME": "lo"}
+    # Sockets over loopback, not whatever InfiniBand the machine has: the path taken is known.
+    return {"NCCL_HOSTID": f"ringcomm-rank-{rank}", "NCCL_SOCKET_IFNAME": "lo",
+            "NCCL_IB_DISABLE": "1"}
 
 
 def available():

@@ -67,35 +67,46 @@ def launch(world_size, fn, *args, timeout=120, allow_exit=None, start_method="fo
         procs = [ctx.Process(target=_worker,
                              args=(fn, r, world_size, store_path, results, args, env or {}))
                  for r in range(world_size)]
-        for p in procs:
-            p.start()
-            started_pids.append(p.pid)
-        values, failures = {}, []
-        deadline = time.monotonic() + timeout
-        while len(values) + len(failures) < world_size - len(allow_exit):
-            try:
-                rank, ok, value = results.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                if time.monotonic() > deadline:
-                    break
-                continue
-            if ok:
-                values[rank] = pickle.loads(value)
-            else:
-                failures.append((rank, value))
-        for p in procs:
-            p.join(timeout=max(1.0, deadline - time.monotonic()))
-        hung = [r for r, p in enumerate(procs) if p.is_alive()]
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
-        if failures:
-            rank, trace = sorted(failures)[0]
-            raise WorkerError(f"rank {rank} of {world_size} failed:\n{trace}")
-        if hung:
-            raise WorkerError(f"ranks {hung} of {world_size} did not finish within {timeout} s")
-        bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0 and r not in allow_exit]
-        if bad:
-            raise WorkerError(f"worker exit codes (rank, code): {bad}")
-        return [values.get(r) for r in range(world_size)]
+        try:
+            return _collect(procs, results, world_size, allow_exit, timeout)
+        finally:  # also when pytest-timeout interrupts the wait: no worker outlives its test
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+
+
+def _collect(procs, results, world_size, allow_exit, timeout):
+    """Starts the workers, waits for their reports and checks how they ended."""
+    for p in procs:
+        p.start()
+        started_pids.append(p.pid)
+    values, failures = {}, []
+    deadline = time.monotonic() + timeout
+    while len(values) + len(failures) < world_size - len(allow_exit):
+        try:
+            rank, ok, value = results.get(timeout=max(0.1, deadline - time.monotonic()))
+        except queue.Empty:
+            if time.monotonic() > deadline:
+                break
+            continue
+        if ok:
+            values[rank] = pickle.loads(value)
+        else:
+            failures.append((rank, value))
+    for p in procs:
+        p.join(timeout=max(1.0, deadline - time.monotonic()))
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    if failures:
+        rank, trace = sorted(failures)[0]
+        raise WorkerError(f"rank {rank} of {world_size} failed:\n{trace}")
+    if hung:
+        raise WorkerError(f"ranks {hung} of {world_size} did not finish within {timeout} s")
+    bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0 and r not in allow_exit]
+    if bad:
+        raise WorkerError(f"worker exit codes (rank, code): {bad}")
+    return [values.get(r) for r in range(world_size)]

@@ -510,9 +510,12 @@ def _stream_semantics(comm, ring, rank, world, store):
     capture = torch.cuda.Stream()
     capture.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(capture):
-        with torch.cuda.graph(g, stream=capture):
-            comm.all_reduce(buf.data_ptr(), 1000, _C.DataType.float32, _C.RedOp.sum,
-                            stream=capture.cuda_stream)
+        # capture_begin, not `with torch.cuda.graph(g)`: that synchronizes the whole device
+        # first, which would finish the eager all_reduce that query() is checked against.
+        g.capture_begin()
+        comm.all_reduce(buf.data_ptr(), 1000, _C.DataType.float32, _C.RedOp.sum,
+                        stream=capture.cuda_stream)
+        g.capture_end()
     torch.cuda.current_stream().wait_stream(capture)
     assert not ring.query(), "the eager all_reduce behind the sleep is still running"
     ring.synchronize(60.0)

@@ -61,9 +61,9 @@ def test_stages_past_their_limit_are_killed_and_late_stages_skipped(tmp_path, mo
     stages = [
         gpu_check.Stage("hangs", 1, [py, "-c", "import time; print('started', flush=True); "
                                                "time.sleep(60)"], needs_gpu=False),
-        gpu_check.Stage("ignores_term", 1, [py, "-c", "import signal, time; "
-                                                      "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                                                      "time.sleep(60)"], needs_gpu=False),
+        gpu_check.Stage("ignores_int", 1, [py, "-c", "import signal, time; "
+                                                     "signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                                                     "time.sleep(60)"], needs_gpu=False),
         gpu_check.Stage("fails", 5, [py, "-c", "raise SystemExit(3)"], needs_gpu=False),
         gpu_check.Stage("world4", 60, [py, "-c", "pass"], needs_gpu=False, optional=True),
     ]
@@ -97,3 +97,83 @@ def test_cuda_home_comes_from_the_toolkit_not_a_wrapper(tmp_path, monkeypatch):
     (links / "nvcc").write_text("#!/bin/sh\n")  # a wrapper script: no toolkit next to it
     (links / "nvcc").chmod(0o755)
     assert gpu_check.cuda_home() == "/usr/local/cuda"
+
+
+def test_pytest_cut_short_still_reports_what_ran(tmp_path, monkeypatch):
+    """A test stage past its limit is interrupted, not terminated: pytest then still writes its
+    JUnit XML and summary, so the lease returns which tests passed and which failed."""
+    tests = tmp_path / "test_cut.py"
+    tests.write_text("import time\n"
+                     "def test_passes():\n    pass\n"
+                     "def test_fails():\n    assert False, 'reported'\n"
+                     "def test_hangs():\n    time.sleep(120)\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    py = sys.executable
+    stage = gpu_check.Stage("tests", 15, [py, "-m", "pytest", str(tests), "-v", "-rA", "-p",
+                                          "no:cacheprovider", f"--junitxml={work / 't.xml'}"],
+                            junit="t.xml", needs_gpu=False)
+    monkeypatch.setattr(gpu_check, "plan", lambda *args, **kwargs: [stage])
+    check = gpu_check.Check(tmp_path / "out", py, dry=True, budget=60)
+    check.work = work  # where the stage writes its XML
+    summary = check.run()
+    (record,) = summary["stages"]
+    assert record["timed_out"]
+    counts = summary["results"]["tests"]
+    assert counts["failures"] == 1 and counts["failed"][0].endswith("test_fails"), counts
+    assert counts["tests"] >= 2, counts
+    log = (tmp_path / "out" / "check.log").read_text()
+    assert "test_passes PASSED" in log and "reported" in log
+
+
+def test_script_picks_the_interpreter_that_has_torch(tmp_path):
+    """An image may have a bare `python` next to the python3 that holds torch."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text("#!/bin/sh\nexit 1\n")  # no torch here
+    (bin_dir / "python").chmod(0o755)
+    (bin_dir / "python3").symlink_to(sys.executable)
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "RINGCOMM_GPU_CHECK_DRY": "1",
+           "PATH": f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin"}
+    proc = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh")], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["results"]["env"]["which"]["python3"] == str(bin_dir / "python3")
+    assert summary["results"]["env"]["torch"], "ran under the interpreter that has torch"
+
+
+def test_mps_that_cannot_serve_is_stopped_and_left_out(tmp_path, monkeypatch):
+    """A control daemon that starts but whose server cannot make a CUDA context (here: no
+    driver at all) would fail every later stage: the check stops it and runs without MPS."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    control = bin_dir / "nvidia-cuda-mps-control"
+    # `-d` starts the daemon; no argument reads commands ("quit") from stdin.
+    control.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n"
+                       f"[ $# -eq 0 ] && cat >> {calls}\nexit 0\n")
+    control.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("RINGCOMM_GPU_CHECK_MPS", raising=False)
+    check = gpu_check.Check(tmp_path / "out", sys.executable, dry=False)
+    env = {"PATH": os.environ["PATH"]}
+    state = check.start_mps(env)
+    assert state.startswith("started but unusable"), state
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in env and "CUDA_MPS_LOG_DIRECTORY" not in env
+    assert "quit" in calls.read_text(), "the daemon was told to quit"
+    check.stop_mps()  # already stopped: nothing more is sent
+    assert calls.read_text().count("quit") == 1
+
+
+def test_carried_build_packages_are_on_the_stages_path(tmp_path, monkeypatch):
+    """pybind11 is no dependency of torch: a session carries it in build/pydeps, and every stage
+    (the build first) finds it there."""
+    deps = tmp_path / "pydeps"
+    monkeypatch.setattr(gpu_check, "PYDEPS", deps)
+    check = gpu_check.Check(tmp_path / "out", sys.executable, dry=True)
+    assert str(deps) not in check.environment()["PYTHONPATH"].split(os.pathsep)
+    deps.mkdir()
+    path = check.environment()["PYTHONPATH"].split(os.pathsep)
+    assert path[0] == str(gpu_check.ROOT) and str(deps) in path

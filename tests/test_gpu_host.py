@@ -212,10 +212,10 @@ def test_shared_gpu_env_picks_the_nccl_path():
 
     assert shared_gpu_env(3, nccl_version=23003) == {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}
     old = [shared_gpu_env(r, nccl_version=22809) for r in range(2)]
-    assert all(env["NCCL_SOCKET_IFNAME"] == "lo" for env in old)
+    assert all(env["NCCL_SOCKET_IFNAME"] == "lo" and env["NCCL_IB_DISABLE"] == "1" for env in old)
     assert old[0]["NCCL_HOSTID"] != old[1]["NCCL_HOSTID"]
     assert "NCCL_MULTI_RANK_GPU_ENABLE" not in old[0]
     if _C.build_info()["cuda"]:  # the default asks the NCCL ringcomm loads
         env = test_env(0)
         assert env["NCCL_MAX_CTAS"] and set(env) - {"NCCL_MAX_CTAS"} in (
-            {"NCCL_MULTI_RANK_GPU_ENABLE"}, {"NCCL_HOSTID", "NCCL_SOCKET_IFNAME"})
+            {"NCCL_MULTI_RANK_GPU_ENABLE"}, {"NCCL_HOSTID", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE"})

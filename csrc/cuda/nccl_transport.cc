@@ -268,7 +268,7 @@ void NcclTransport::failNccl(ncclResult_t result, const std::string& what) {
   std::lock_guard<std::mutex> lock(mutex_);
   // After a watchdog abort the call fails too: its reason is the one to report.
   abortLocked(detail::concat("NCCL failed while ", what, where(), ": ", api_->describe(result)));
-  busy_ = false;
+  // busy_ stays set: the communicator's abort() that follows restores the caller's device.
   if (timedOut_) RC_THROW_AS(TimeoutError, failure_);
   RC_THROW_AS(PeerError, failure_);
 }
