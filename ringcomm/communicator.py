@@ -43,7 +43,8 @@ class Communicator:
     """
 
     def __init__(self, group=None, timeout=None, *, slice_bytes=None, debug=None, check_finite=None):
-        self._rendezvous = Rendezvous(group, timeout)
+        # A Rendezvous is accepted in place of a group: from_store builds one without a group.
+        self._rendezvous = group if isinstance(group, Rendezvous) else Rendezvous(group, timeout)
         self.rank = self._rendezvous.rank
         self.world_size = self._rendezvous.world_size
         self.timeout = self._rendezvous.timeout
@@ -58,6 +59,19 @@ class Communicator:
         self._closed = False
         if not cuda_backend.available():
             self._backend("cpu", -1)  # set up eagerly: set-up errors show here, not mid-training
+
+    @classmethod
+    def from_store(cls, store, rank, world_size, timeout=None, **options):
+        """A communicator built from a ``torch.distributed.Store`` instead of a process group:
+        no ``init_process_group`` needed (a torch backend's creator runs before it exists).
+        Every rank calls it with the same store; keyword options as for the constructor.
+
+        Example::
+
+            store = dist.TCPStore("127.0.0.1", 29500, world_size, rank == 0)
+            comm = ringcomm.Communicator.from_store(store, rank, world_size, timeout=60)
+        """
+        return cls(Rendezvous.from_store(store, rank, world_size, timeout), **options)
 
     # -- collectives ---------------------------------------------------------------------------
 
