@@ -20,6 +20,9 @@ from ._C import CommTimeoutError, MismatchError, PeerError, RingcommError
 from .communicator import Communicator
 from .ops import ReduceOp
 from .schedule import Schedule, schedule
+from . import process_group
+
+process_group.register()  # dist.init_process_group("ringcomm") from here on
 
 __all__ = [
     "Communicator",
