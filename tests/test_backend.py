@@ -284,3 +284,28 @@ def test_errors_name_the_call_and_time_out(tmp_path):
         assert "ValueError" in seen["gather_list"] and "one per rank" in seen["gather_list"]
     assert "CommTimeoutError" in results[0]["timeout"] or "timed out" in results[0]["timeout"], \
         results[0]["timeout"]
+
+
+def test_bench_times_the_backend_path(tmp_path):
+    """bench/run.py --baseline ringcomm-pg: every collective through dist.* on a "ringcomm" group,
+    beside the direct Communicator, both checked."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "bench.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(ringcomm.__file__).parent.parent),
+                                                      env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, str(root / "bench" / "run.py"), "--device", "cpu",
+                           "--nproc", "2", "-b", "8", "-e", "4K", "-f", "32", "-n", "2", "-w", "1",
+                           "--collective", "all", "--baseline", "ringcomm-pg", "--json", str(out)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = json.loads(out.read_text())
+    assert {r["impl"] for r in records} == {"ringcomm", "ringcomm-pg"}
+    assert len({r["collective"] for r in records}) == 7
+    assert all(r["wrong"] == 0 for r in records), [r for r in records if r["wrong"]]
+    assert "ringcomm/ringcomm-pg busbw" in proc.stdout
