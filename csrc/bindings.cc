@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "cpu/cpu_reducer.h"
+#include "cpu/shm_p2p.h"
 #include "cpu/shm_transport.h"
 #include "ringcomm/communicator.h"
 #include "ringcomm/error.h"
@@ -155,6 +156,25 @@ PYBIND11_MODULE(_C, m) {
            py::call_guard<py::gil_scoped_release>())
       .def("unlink_names", &ShmTransport::unlinkNames);
 
+  py::class_<ShmPeerLinks, Transport, std::shared_ptr<ShmPeerLinks>>(m, "ShmPeerLinks")
+      .def(py::init([](int rank, int worldSize, size_t slotBytes, uint32_t slotCount,
+                       double timeout, int spins, int yieldMicros) {
+             ShmOptions options;
+             options.slotBytes = slotBytes;
+             options.slotCount = slotCount;
+             options.wait.timeoutSeconds = timeout;
+             options.wait.spins = spins;
+             options.wait.yieldMicros = yieldMicros;
+             return std::make_shared<ShmPeerLinks>(rank, worldSize, options);
+           }),
+           py::arg("rank"), py::arg("world_size"), py::arg("slot_bytes"), py::arg("slot_count"),
+           py::arg("timeout"), py::arg("spins"), py::arg("yield_micros") = 2000)
+      .def("create_outgoing", &ShmPeerLinks::createOutgoing, py::arg("peer"))
+      .def("attach_incoming", &ShmPeerLinks::attachIncoming, py::arg("peer"), py::arg("name"))
+      .def("unlink_incoming", &ShmPeerLinks::unlinkIncoming, py::arg("peer"))
+      .def("has_outgoing", &ShmPeerLinks::hasOutgoing, py::arg("peer"))
+      .def("has_incoming", &ShmPeerLinks::hasIncoming, py::arg("peer"));
+
   using Comm = Communicator;
   auto release = py::call_guard<py::gil_scoped_release>();
   py::class_<Comm, std::shared_ptr<Comm>>(m, "Communicator")
@@ -214,6 +234,29 @@ PYBIND11_MODULE(_C, m) {
             c.scatter(address(out), address(in), n, t, src);
           },
           release)
+      .def("set_peer_links", &Comm::setPeerLinks, py::arg("links"))
+      .def(
+          "send",
+          [](Comm& c, uintptr_t data, size_t n, DataType t, int peer, int tag) {
+            c.send(address(data), n, t, peer, tag);
+          },
+          py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("peer"), py::arg("tag"),
+          release)
+      .def(
+          "recv",
+          [](Comm& c, uintptr_t data, size_t n, DataType t, int peer, int tag) {
+            c.recv(address(data), n, t, peer, tag);
+          },
+          py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("peer"), py::arg("tag"),
+          release)
+      .def(
+          "all_to_all",
+          [](Comm& c, uintptr_t out, uintptr_t in, const std::vector<size_t>& sendCounts,
+             const std::vector<size_t>& recvCounts, DataType t) {
+            c.allToAll(address(out), address(in), sendCounts, recvCounts, t);
+          },
+          py::arg("output"), py::arg("input"), py::arg("send_counts"), py::arg("recv_counts"),
+          py::arg("dtype"), release)
       .def("close", &Comm::close, release);
 
 #ifdef RINGCOMM_WITH_CUDA

@@ -10,6 +10,8 @@ calling thread), so ``async_op=True`` yields an already-completed Work. Synchron
 Python return None, which ``torch.distributed`` accepts: nothing is allocated for a Work that
 would only be waited on.
 """
+from concurrent.futures import ThreadPoolExecutor
+
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
@@ -102,6 +104,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         self._rank, self._world_size = rank, world_size
         self._group_name = self._group_desc = ""
         self._cpu_ring = None
+        self._p2p_threads, self._p2p_last = None, {}
 
     # -- identity (FSDP2 and torch's group registry use these) ---------------------------------
 
@@ -124,6 +127,8 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         self.communicator.close()
 
     def shutdown(self):
+        for pool in (self._p2p_threads or {}).values():
+            pool.shutdown(wait=True)
         self.communicator.close()
 
     # -- collectives ---------------------------------------------------------------------------
@@ -245,24 +250,72 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         self._cpu().all_reduce(token.data_ptr(), 1, _C.DataType.int8, _C.RedOp.sum)
         return _completed([token])
 
-    # -- not (yet) provided: say which call, never hang --------------------------------------
+    # -- point to point and all-to-all ------------------------------------------------------
+    # A send returns once its message is handed over, but a large one waits for the receiver to
+    # drain it: isend and irecv run on one thread each, so `isend; irecv; wait` works both ways.
 
-    def _unsupported(name):
-        def method(self, *args, **kwargs):
-            raise NotImplementedError(f"ringcomm backend does not support {name} yet")
-        method.__name__ = name
-        return method
+    def send(self, tensors, dst, tag):
+        (tensor,) = tensors
+        return self._p2p("send", lambda: self.communicator.send(tensor.contiguous(), dst, tag),
+                         tensors)
 
-    send = _unsupported("send")
-    recv = _unsupported("recv")
-    recv_anysource = _unsupported("recv_anysource")
-    alltoall = _unsupported("all_to_all")
-    all_to_all_single = _unsupported("all_to_all_single")
+    def recv(self, tensors, src, tag):
+        (tensor,) = tensors
+
+        def receive():
+            with _Contiguous(tensor) as buf:
+                self.communicator.recv(buf, src, tag)
+
+        return self._p2p("recv", receive, tensors)
+
+    def recv_anysource(self, tensors, tag):
+        raise NotImplementedError("ringcomm backend does not support recv from any source "
+                                  "(recv without src): name the sending rank")
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        self._drain_p2p()  # all-to-all shares the point-to-point links: keep their order
+        with _Contiguous(output) as out:
+            self.communicator.all_to_all(out, input.contiguous(), output_split_sizes,
+                                         input_split_sizes)
+        return _finish(opts, [output])
+
     alltoall_base = all_to_all_single
-    monitored_barrier = _unsupported("monitored_barrier")
-    del _unsupported
+
+    def alltoall(self, outputs, inputs, opts=None):
+        self._drain_p2p()
+        flat_in = _flat(inputs)
+        flat_out = flat_in.new_empty(sum(t.numel() for t in outputs))
+        self.communicator.all_to_all(flat_out, flat_in, [t.numel() for t in outputs],
+                                     [t.numel() for t in inputs])
+        _unflatten_into(flat_out, outputs)
+        return _finish(opts, outputs)
+
+    def monitored_barrier(self, *args, **kwargs):
+        raise NotImplementedError("ringcomm backend does not support monitored_barrier (a gloo "
+                                  "debugging aid); use barrier")
 
     # -- helpers -------------------------------------------------------------------------------
+
+    def _p2p(self, kind, call, tensors):
+        """Runs a send or recv on its own thread; the Work completes when it has."""
+        if self._p2p_threads is None:
+            self._p2p_threads = {k: ThreadPoolExecutor(1, thread_name_prefix=f"ringcomm-{k}")
+                                 for k in ("send", "recv")}
+        future = torch.futures.Future()
+
+        def task():
+            try:
+                call()
+                future.set_result(tensors)
+            except Exception as error:  # raised by the Work's wait()
+                future.set_exception(error)
+
+        self._p2p_last[kind] = self._p2p_threads[kind].submit(task)
+        return _create_work_from_future(future)
+
+    def _drain_p2p(self):
+        for pending in self._p2p_last.values():
+            pending.result()
 
     def _cpu(self):
         """The C++ communicator of the shared-memory ring (built on first use)."""

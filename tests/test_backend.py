@@ -138,6 +138,40 @@ def _collectives(rank, world_size, store_path):
           funcol.reduce_scatter_tensor(torch.arange(2.0 * n), "sum", 0, group),
           (torch.arange(2.0) + 2 * rank) * n)
 
+    # Point to point: every ordered pair, blocking and isend/irecv both ways at once with
+    # messages larger than a link holds (each side's send waits for the other's receive).
+    for src in range(n):
+        for dst in range(n):
+            if src != dst and rank in (src, dst):
+                if rank == src:
+                    dist.send(torch.arange(5) + 10 * src + dst, dst, tag=src)
+                else:
+                    got = torch.empty(5, dtype=torch.int64)
+                    dist.recv(got, src, tag=src)
+                    check(f"send/recv {src}->{dst}", got, torch.arange(5) + 10 * src + dst)
+    big = 1 << 20
+    peer = rank ^ 1
+    if peer < n:
+        got = torch.empty(big)
+        works = [dist.isend(torch.full((big,), float(rank)), peer, tag=9),
+                 dist.irecv(got, peer, tag=9)]
+        for w in works:
+            w.wait()
+        check("isend/irecv 4 MiB both ways", got, torch.full((big,), float(peer)))
+    # all_to_all_single with uneven splits, and the list form.
+    rows = lambda s, d: (s + 2 * d) % 3 + (s == d)  # noqa: E731
+    inp = torch.cat([torch.full((rows(rank, p), 2), 10.0 * rank + p) for p in range(n)])
+    out = torch.empty(sum(rows(p, rank) for p in range(n)), 2)
+    dist.all_to_all_single(out, inp, [rows(p, rank) for p in range(n)],
+                           [rows(rank, p) for p in range(n)])
+    check("all_to_all_single uneven", out,
+          torch.cat([torch.full((rows(p, rank), 2), 10.0 * p + rank) for p in range(n)]))
+    outs = [torch.empty(p + 1, dtype=torch.int32) for p in range(n)]
+    dist.all_to_all(outs, [torch.full((rank + 1,), 100 * rank + p, dtype=torch.int32)
+                           for p in range(n)])
+    check("all_to_all list", torch.cat(outs),
+          torch.cat([torch.full((p + 1,), 100 * p + rank, dtype=torch.int32) for p in range(n)]))
+
     # A sub-group on the backend (all ranks but the last, when there are more than two).
     members = list(range(max(1, n - 1)))
     sub = dist.new_group(members, backend="ringcomm")
@@ -259,7 +293,7 @@ def _errors(rank, world_size, store_path):
         except Exception as error:  # the message is what a user sees
             seen[name] = f"{type(error).__name__}: {error}"
 
-    raised("send", lambda: dist.send(torch.ones(1), 1 - rank))
+    raised("recv_anysource", lambda: dist.recv(torch.ones(1)))
     raised("premul_sum", lambda: dist.all_reduce(
         torch.ones(2), op=dist._make_nccl_premul_sum(2.0)))
     raised("dtype", lambda: dist.all_reduce(torch.ones(2, dtype=torch.int16)))
@@ -278,7 +312,8 @@ def _errors(rank, world_size, store_path):
 def test_errors_name_the_call_and_time_out(tmp_path):
     results = launch(2, _errors, str(tmp_path / "store"), timeout=120)
     for rank, seen in enumerate(results):
-        assert seen["send"].startswith("NotImplementedError") and "send" in seen["send"]
+        assert seen["recv_anysource"].startswith("NotImplementedError") and \
+            "any source" in seen["recv_anysource"]
         assert "NotImplementedError" in seen["premul_sum"] and "PREMUL_SUM" in seen["premul_sum"]
         assert "TypeError" in seen["dtype"] and "torch.int16" in seen["dtype"]
         assert "ValueError" in seen["gather_list"] and "one per rank" in seen["gather_list"]

@@ -162,6 +162,7 @@ void Communicator::scatter(void* output, const void* input, size_t outputCount, 
 void Communicator::close() {
   closed_ = true;
   transport_.reset();  // unmaps shared memory, destroys NCCL communicators
+  links_.reset();
   reducer_.reset();
 }
 

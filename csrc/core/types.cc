@@ -62,6 +62,8 @@ const char* primitiveName(Primitive primitive) {
     case Primitive::Reduce: return "reduce";
     case Primitive::Gather: return "gather";
     case Primitive::Scatter: return "scatter";
+    case Primitive::AllToAll: return "all_to_all";
+    case Primitive::SendRecv: return "send/recv";
   }
   return "unknown";
 }

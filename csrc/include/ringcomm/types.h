@@ -40,6 +40,8 @@ enum class Primitive : int32_t {
   Reduce,
   Gather,
   Scatter,
+  AllToAll,  // point-to-point (csrc/core/point_to_point.cc)
+  SendRecv,
 };
 
 size_t dataTypeSize(DataType type);
