@@ -47,6 +47,17 @@ py::dict planToDict(const Plan& plan) {
   return result;
 }
 
+ShmOptions shmOptions(size_t slotBytes, uint32_t slotCount, double timeout, int spins,
+                      int yieldMicros) {
+  ShmOptions options;
+  options.slotBytes = slotBytes;
+  options.slotCount = slotCount;
+  options.wait.timeoutSeconds = timeout;
+  options.wait.spins = spins;
+  options.wait.yieldMicros = yieldMicros;
+  return options;
+}
+
 py::dict buildInfo() {
   py::dict info;
 #ifdef RINGCOMM_WITH_CUDA
@@ -141,13 +152,8 @@ PYBIND11_MODULE(_C, m) {
   py::class_<ShmTransport, Transport, std::shared_ptr<ShmTransport>>(m, "ShmTransport")
       .def(py::init([](int rank, int worldSize, size_t slotBytes, uint32_t slotCount,
                        double timeout, int spins, int yieldMicros) {
-             ShmOptions options;
-             options.slotBytes = slotBytes;
-             options.slotCount = slotCount;
-             options.wait.timeoutSeconds = timeout;
-             options.wait.spins = spins;
-             options.wait.yieldMicros = yieldMicros;
-             return std::make_shared<ShmTransport>(rank, worldSize, options);
+             return std::make_shared<ShmTransport>(
+                 rank, worldSize, shmOptions(slotBytes, slotCount, timeout, spins, yieldMicros));
            }),
            py::arg("rank"), py::arg("world_size"), py::arg("slot_bytes"), py::arg("slot_count"),
            py::arg("timeout"), py::arg("spins"), py::arg("yield_micros") = 2000)
@@ -159,13 +165,8 @@ PYBIND11_MODULE(_C, m) {
   py::class_<ShmPeerLinks, Transport, std::shared_ptr<ShmPeerLinks>>(m, "ShmPeerLinks")
       .def(py::init([](int rank, int worldSize, size_t slotBytes, uint32_t slotCount,
                        double timeout, int spins, int yieldMicros) {
-             ShmOptions options;
-             options.slotBytes = slotBytes;
-             options.slotCount = slotCount;
-             options.wait.timeoutSeconds = timeout;
-             options.wait.spins = spins;
-             options.wait.yieldMicros = yieldMicros;
-             return std::make_shared<ShmPeerLinks>(rank, worldSize, options);
+             return std::make_shared<ShmPeerLinks>(
+                 rank, worldSize, shmOptions(slotBytes, slotCount, timeout, spins, yieldMicros));
            }),
            py::arg("rank"), py::arg("world_size"), py::arg("slot_bytes"), py::arg("slot_count"),
            py::arg("timeout"), py::arg("spins"), py::arg("yield_micros") = 2000)
