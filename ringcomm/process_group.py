@@ -19,6 +19,7 @@ from torch._C._distributed_c10d import _create_work_from_future
 from . import _C
 from .buffers import _C_DTYPES, _TORCH_DTYPES
 from .communicator import Communicator
+from .rendezvous import Rendezvous
 from .ops import to_c_op
 
 NAME = "ringcomm"
@@ -32,16 +33,16 @@ def _op(opts, call):
     no ringcomm counterpart."""
     if opts is None:
         return _C.RedOp.sum
-    kind = opts.reduceOp.op
-    c_op = _C_OPS.get(kind)
+    op = opts.reduceOp
+    c_op = _C_OPS.get(op)  # a ReduceOp hashes and compares as its RedOpType
     if c_op is None:
-        raise NotImplementedError(f"ringcomm backend: {call} does not support ReduceOp {kind}")
+        raise NotImplementedError(f"ringcomm backend: {call} does not support ReduceOp {op.op}")
     return c_op
 
 
-_C_OPS = {kind: to_c_op(kind) for kind in (_RedOpType.SUM, _RedOpType.PRODUCT, _RedOpType.MIN,
-                                           _RedOpType.MAX, _RedOpType.AVG, _RedOpType.BAND,
-                                           _RedOpType.BOR, _RedOpType.BXOR)}
+_C_OPS = {dist.ReduceOp(kind): to_c_op(kind)
+          for kind in (_RedOpType.SUM, _RedOpType.PRODUCT, _RedOpType.MIN, _RedOpType.MAX,
+                       _RedOpType.AVG, _RedOpType.BAND, _RedOpType.BOR, _RedOpType.BXOR)}
 
 
 def _dtype(tensor, call):
@@ -98,9 +99,12 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
     ``self.communicator`` is the underlying :class:`ringcomm.Communicator`.
     """
 
-    def __init__(self, store, rank, world_size, timeout):
+    def __init__(self, store, rank, world_size, timeout, group_name="ringcomm"):
         super().__init__(rank, world_size)
-        self.communicator = Communicator.from_store(store, rank, world_size, timeout)
+        # Keys named after the group: ranks outside a sub-group never build it, so a per-process
+        # count of communicators would drift between ranks.
+        rendezvous = Rendezvous.from_store(store, rank, world_size, timeout, name=group_name)
+        self.communicator = Communicator(rendezvous)
         self._rank, self._world_size = rank, world_size
         self._group_name = self._group_desc = ""
         self._cpu_ring = None
@@ -134,10 +138,14 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
     # -- collectives ---------------------------------------------------------------------------
 
     def allreduce(self, tensors, opts=None):
+        # The hot path (one contiguous CPU tensor of a supported dtype) goes straight into the
+        # C++ ring with nothing allocated on the way; the rest takes the checked route.
         op = _op(opts, "all_reduce")
+        ring = self._cpu_ring or self._cpu()
         for t in tensors:
-            if t.is_cpu and t.is_contiguous():  # the hot path: straight into the C++ ring
-                self._cpu().all_reduce(t.data_ptr(), t.numel(), _dtype(t, "all_reduce"), op)
+            c_dtype = _DTYPES.get(t.dtype)
+            if c_dtype is not None and t.is_cpu and t.is_contiguous():
+                ring.all_reduce(t.data_ptr(), t.numel(), c_dtype, op)
             else:
                 with _Contiguous(t) as c:
                     self.communicator.all_reduce(c, op.name)
@@ -334,12 +342,14 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
                                  f"{t.dtype}")
 
 
-def _create(store, rank, world_size, timeout):
-    return ProcessGroupRingcomm(store, rank, world_size, timeout)
+def _create(options, backend_options):
+    """torch's creator (extended API): store, rank, size, timeout and the group's name."""
+    return ProcessGroupRingcomm(options.store, options.group_rank, options.group_size,
+                                options.timeout, group_name=f"pg-{options.group_id}")
 
 
 def register():
     """Registers "ringcomm" with torch.distributed (done by ``import ringcomm``); idempotent."""
     if NAME.upper() in dist.Backend._plugins:
         return
-    dist.Backend.register_backend(NAME, _create, devices=["cpu", "cuda"])
+    dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["cpu", "cuda"])

@@ -179,6 +179,11 @@ def _collectives(rank, world_size, store_path):
         t = torch.full((4,), float(rank + 1))
         dist.all_reduce(t, group=sub)
         check("new_group all_reduce", t, torch.full((4,), float(sum(r + 1 for r in members))))
+    # Then a group of everyone: the ranks outside the first sub-group must still agree on it.
+    everyone = dist.new_group(backend="ringcomm")
+    t = torch.full((2,), float(rank))
+    dist.all_reduce(t, group=everyone)
+    check("second new_group all_reduce", t, torch.full((2,), float(sum(range(n)))))
     return failures
 
 
@@ -204,7 +209,7 @@ def _from_store(rank, world_size, store_path):
     with pytest.raises(ValueError, match="rank"):
         ringcomm.Communicator.from_store(store, world_size, world_size)
     # Leave a default group for the launcher to destroy.
-    dist.init_process_group("gloo", store=dist.PrefixStore("again", store), rank=rank,
+    dist.init_process_group("gloo", init_method=f"file://{store_path}-again", rank=rank,
                             world_size=world_size)
     return t.tolist()
 
