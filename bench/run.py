@@ -4,6 +4,7 @@ terms.
     python bench/run.py                                  # quick all_reduce sweep on this machine
     python bench/run.py --nproc 4 -b 8 -e 64M -f 2 --collective all --json r.json --plot r.png
     torchrun --nproc-per-node 8 bench/run.py --device cuda --baseline nccl-ring
+    python bench/run.py -b 8 -e 1M --baseline ringcomm-pg  # Communicator vs dist.* on "ringcomm"
 
 Spawns --nproc local ranks itself unless started by torchrun (RANK/WORLD_SIZE in the environment).
 """
@@ -25,7 +26,7 @@ except ImportError:  # run from a source checkout: the package sits next to benc
 import harness
 from collectives import COLLECTIVES, TORCH_OPS
 
-BASELINES = ("auto", "gloo", "nccl", "nccl-ring", "none")
+BASELINES = ("auto", "gloo", "nccl", "nccl-ring", "ringcomm-pg", "none")
 
 
 def parse_args(argv=None):
@@ -49,7 +50,9 @@ def parse_args(argv=None):
                         "one per GPU on CUDA")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--baseline", default="auto", choices=BASELINES,
-                   help="auto: nccl on CUDA, gloo on CPU; nccl-ring sets NCCL_ALGO=Ring")
+                   help="auto: nccl on CUDA, gloo on CPU; nccl-ring sets NCCL_ALGO=Ring; "
+                        "ringcomm-pg: torch.distributed calls on a \"ringcomm\" process group "
+                        "(the cost of the torch layer over the direct Communicator)")
     p.add_argument("--json", metavar="PATH", help="write the records as a JSON list")
     p.add_argument("--plot", metavar="PATH", help="write a PNG of busbw against size")
     p.add_argument("--timeout", type=float, default=300, help="ringcomm communicator timeout (s)")
@@ -64,6 +67,8 @@ def parse_args(argv=None):
         args.baseline = "nccl" if args.device == "cuda" else "gloo"
     if args.baseline.startswith("nccl") and args.device != "cuda":
         p.error(f"--baseline {args.baseline} needs --device cuda")
+    if args.baseline == "ringcomm-pg" and args.device == "cuda" and not ringcomm.build_info()["cuda"]:
+        p.error("--baseline ringcomm-pg on CUDA needs ringcomm built with CUDA")
     if args.op == "avg" and args.baseline == "gloo":
         p.error("gloo has no avg reduction; use --baseline none (or another op)")
     if args.minbytes > args.maxbytes:
@@ -114,7 +119,7 @@ def worker(rank, world, args, init_method):
     device = _device(args, rank)
     if device.type == "cuda" and world > torch.cuda.device_count():
         _share_gpu(rank)
-    backend = "nccl" if args.baseline.startswith("nccl") else "gloo"
+    backend = "nccl" if args.baseline.startswith("nccl") else "gloo"  # ringcomm-pg: a subgroup
     eager = {"device_id": device} if backend == "nccl" else {}  # NCCL set up now, env as above
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
                             **eager)
@@ -126,7 +131,9 @@ def worker(rank, world, args, init_method):
     impls = [i for i in [_ringcomm_impl(comm, args, device)] if i]
     if args.baseline != "none":
         op = TORCH_OPS[args.op]
-        impls.append(harness.Impl(args.baseline, lambda c, b: c.torch(b, op, args.root, None)))
+        # The backend path: the same torch.distributed calls, on a process group run by ringcomm.
+        group = dist.new_group(backend="ringcomm") if args.baseline == "ringcomm-pg" else None
+        impls.append(harness.Impl(args.baseline, lambda c, b: c.torch(b, op, args.root, group)))
     if not impls:
         raise SystemExit("nothing to measure: ringcomm cannot run here and --baseline is none")
 

@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "cpu/cpu_reducer.h"
+#include "cpu/shm_p2p.h"
 #include "cpu/shm_transport.h"
 #include "cuda/group_queue.h"
 #include "ringcomm/communicator.h"
@@ -47,6 +48,17 @@ py::dict planToDict(const Plan& plan) {
   return result;
 }
 
+ShmOptions shmOptions(size_t slotBytes, uint32_t slotCount, double timeout, int spins,
+                      int yieldMicros) {
+  ShmOptions options;
+  options.slotBytes = slotBytes;
+  options.slotCount = slotCount;
+  options.wait.timeoutSeconds = timeout;
+  options.wait.spins = spins;
+  options.wait.yieldMicros = yieldMicros;
+  return options;
+}
+
 py::dict buildInfo() {
   py::dict info;
 #ifdef RINGCOMM_WITH_CUDA
@@ -78,6 +90,10 @@ PYBIND11_MODULE(_C, m) {
   for (const RedOpInfo& row : kRedOps) redOps.value(row.name, row.op);
   py::enum_<Primitive> primitives(m, "Primitive");
   for (const PrimitiveInfo& row : kPrimitives) primitives.value(row.name, row.primitive);
+  py::list planned;  // the collectives the schedule covers, in enum order
+  for (const PrimitiveInfo& row : kPrimitives)
+    if (row.planned) planned.append(row.primitive);
+  m.attr("PLANNED_PRIMITIVES") = planned;
 
   m.def("dtype_size", &dataTypeSize);
   m.def(
@@ -125,13 +141,8 @@ PYBIND11_MODULE(_C, m) {
   py::class_<ShmTransport, Transport, std::shared_ptr<ShmTransport>>(m, "ShmTransport")
       .def(py::init([](int rank, int worldSize, size_t slotBytes, uint32_t slotCount,
                        double timeout, int spins, int yieldMicros) {
-             ShmOptions options;
-             options.slotBytes = slotBytes;
-             options.slotCount = slotCount;
-             options.wait.timeoutSeconds = timeout;
-             options.wait.spins = spins;
-             options.wait.yieldMicros = yieldMicros;
-             return std::make_shared<ShmTransport>(rank, worldSize, options);
+             return std::make_shared<ShmTransport>(
+                 rank, worldSize, shmOptions(slotBytes, slotCount, timeout, spins, yieldMicros));
            }),
            py::arg("rank"), py::arg("world_size"), py::arg("slot_bytes"), py::arg("slot_count"),
            py::arg("timeout"), py::arg("spins"), py::arg("yield_micros") = 2000)
@@ -139,6 +150,21 @@ PYBIND11_MODULE(_C, m) {
       .def("connect", &ShmTransport::connect, py::arg("names"),
            py::call_guard<py::gil_scoped_release>())
       .def("unlink_names", &ShmTransport::unlinkNames);
+
+  py::class_<ShmPeerLinks, Transport, std::shared_ptr<ShmPeerLinks>>(m, "ShmPeerLinks")
+      .def(py::init([](int rank, int worldSize, size_t slotBytes, uint32_t slotCount,
+                       double timeout, int spins, int yieldMicros) {
+             return std::make_shared<ShmPeerLinks>(
+                 rank, worldSize, shmOptions(slotBytes, slotCount, timeout, spins, yieldMicros));
+           }),
+           py::arg("rank"), py::arg("world_size"), py::arg("slot_bytes"), py::arg("slot_count"),
+           py::arg("timeout"), py::arg("spins"), py::arg("yield_micros") = 2000)
+      .def("create_outgoing", &ShmPeerLinks::createOutgoing, py::arg("peer"))
+      .def("attach_incoming", &ShmPeerLinks::attachIncoming, py::arg("peer"), py::arg("name"))
+      .def("unlink_incoming", &ShmPeerLinks::unlinkIncoming, py::arg("peer"))
+      .def("has_outgoing", &ShmPeerLinks::hasOutgoing, py::arg("peer"))
+      .def("has_incoming", &ShmPeerLinks::hasIncoming, py::arg("peer"));
+
 
   // The one communicator binding, CPU and CUDA alike: every collective takes `stream` (the
   // caller's cudaStream_t as an integer; ignored on the CPU).
@@ -206,6 +232,29 @@ PYBIND11_MODULE(_C, m) {
              uintptr_t stream) { c.scatter(address(out), address(in), n, t, src, stream); },
           py::arg("output"), py::arg("input"), py::arg("count"), py::arg("dtype"), py::arg("src"),
           py::arg("stream") = 0, release)
+      .def("set_peer_links", &Comm::setPeerLinks, py::arg("links"))
+      .def(
+          "send",
+          [](Comm& c, uintptr_t data, size_t n, DataType t, int peer, int tag) {
+            c.send(address(data), n, t, peer, tag);
+          },
+          py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("peer"), py::arg("tag"),
+          release)
+      .def(
+          "recv",
+          [](Comm& c, uintptr_t data, size_t n, DataType t, int peer, int tag) {
+            c.recv(address(data), n, t, peer, tag);
+          },
+          py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("peer"), py::arg("tag"),
+          release)
+      .def(
+          "all_to_all",
+          [](Comm& c, uintptr_t out, uintptr_t in, const std::vector<size_t>& sendCounts,
+             const std::vector<size_t>& recvCounts, DataType t) {
+            c.allToAll(address(out), address(in), sendCounts, recvCounts, t);
+          },
+          py::arg("output"), py::arg("input"), py::arg("send_counts"), py::arg("recv_counts"),
+          py::arg("dtype"), release)
       .def("close", &Comm::close, release);
 
   // Entry points that only tests and benchmarks call, kept out of the package's surface.

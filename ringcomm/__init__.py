@@ -21,6 +21,9 @@ from .communicator import Communicator
 from .ops import ReduceOp
 from .options import CommOptions
 from .schedule import Schedule, schedule
+from . import process_group
+
+process_group.register()  # dist.init_process_group("ringcomm") from here on
 
 __all__ = [
     "CommOptions",

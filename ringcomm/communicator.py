@@ -48,7 +48,8 @@ class Communicator:
 
     def __init__(self, group=None, timeout=None, *, options=None, **fields):
         options = (options or CommOptions()).replace(timeout=timeout, **fields)
-        self._rendezvous = Rendezvous(group, options.timeout)
+        # A Rendezvous is accepted in place of a group: from_store builds one without a group.
+        self._rendezvous = group if isinstance(group, Rendezvous) else Rendezvous(group, options.timeout)
         self.rank = self._rendezvous.rank
         self.world_size = self._rendezvous.world_size
         self.options = options.resolved(self.world_size)
@@ -61,6 +62,19 @@ class Communicator:
         self._closed = False
         if not cuda_backend.available():
             self._backend("cpu", -1)  # set up eagerly: set-up errors show here, not mid-training
+
+    @classmethod
+    def from_store(cls, store, rank, world_size, timeout=None, **options):
+        """A communicator built from a ``torch.distributed.Store`` instead of a process group:
+        no ``init_process_group`` needed (a torch backend's creator runs before it exists).
+        Every rank calls it with the same store; keyword options as for the constructor.
+
+        Example::
+
+            store = dist.TCPStore("127.0.0.1", 29500, world_size, rank == 0)
+            comm = ringcomm.Communicator.from_store(store, rank, world_size, timeout=60)
+        """
+        return cls(Rendezvous.from_store(store, rank, world_size, timeout), timeout, **options)
 
     # -- collectives ---------------------------------------------------------------------------
 
@@ -204,9 +218,13 @@ class Communicator:
             self._worker = None
         with self._lock:
             self._closed = True
+            if getattr(self, "_links", None) is not None:  # before the ring goes: see PeerLinks
+                cpu = self._backends.get(("cpu", -1))
+                self._links.close(failed=cpu is None or bool(cpu.failure))
             for comm in self._backends.values():
                 comm.close()
             self._backends.clear()
+            self._links = None  # point-to-point links (unmapped with the last reference)
 
     def __enter__(self):
         return self
@@ -291,9 +309,111 @@ class Communicator:
             return future.wait()
         return work.Work(future)
 
+    # -- point to point and all-to-all (CPU shared memory) ------------------------------------
+
+    def send(self, tensor, dst, tag=0):
+        """Sends ``tensor`` to rank ``dst``; returns once it is handed over (it may not have been
+        received yet). Messages between two ranks are matched in order: the receiving rank's
+        :meth:`recv` must name this rank, the same tag and the same element count and dtype, or it
+        raises MismatchError.
+
+        Example::
+
+            if comm.rank == 0:
+                comm.send(torch.arange(4.0), dst=1, tag=7)
+            elif comm.rank == 1:
+                comm.recv(buf, src=0, tag=7)
+        """
+        buf = as_buffer(tensor, "tensor")
+        _cpu_only(buf, "send")
+        self._peer(dst, "dst")
+        comm, links = self._peer_links()
+        links.to(dst)
+        comm.send(buf.address, buf.numel, buf.c_dtype, dst, int(tag))
+        return tensor
+
+    def recv(self, tensor, src, tag=0):
+        """Receives into ``tensor`` the next message rank ``src`` sent this rank (see :meth:`send`)."""
+        buf = checks.writable(tensor, "tensor")
+        _cpu_only(buf, "recv")
+        self._peer(src, "src")
+        comm, links = self._peer_links()
+        links.from_(src)
+        comm.recv(buf.address, buf.numel, buf.c_dtype, src, int(tag))
+        return tensor
+
+    def all_to_all(self, output, input, output_split_sizes=None, input_split_sizes=None):
+        """Rank r sends block p of ``input`` to rank p and receives block r of every rank's input
+        into ``output``, blocks in rank order (``torch.distributed.all_to_all_single``). Split sizes
+        count rows along dim 0; None splits evenly. What rank p sends rank r must match what rank r
+        expects from p, or every rank raises MismatchError.
+
+        Example::
+
+            out = torch.empty(4 * comm.world_size)
+            comm.all_to_all(out, torch.arange(4.0 * comm.world_size) + 100 * comm.rank)
+        """
+        out, inp = checks.writable(output, "output"), as_buffer(input, "input")
+        checks.same_kind(out, inp)
+        _cpu_only(out, "all_to_all")
+        if out.overlaps(inp):
+            raise ValueError("all_to_all: input and output must not overlap")
+        send_counts = _split_counts(inp, input_split_sizes, self.world_size, "input")
+        recv_counts = _split_counts(out, output_split_sizes, self.world_size, "output")
+        comm, links = self._peer_links() if self.world_size > 1 else (self._backend("cpu", -1), None)
+        if links is not None:
+            for peer in range(self.world_size):
+                if peer != self.rank:
+                    links.to(peer)
+            for peer in range(self.world_size):
+                if peer != self.rank:
+                    links.from_(peer)
+        comm.all_to_all(out.address, inp.address, send_counts, recv_counts, out.c_dtype)
+        return output
+
+    def _peer_links(self):
+        """The CPU ring's communicator, with its point-to-point links set up on first use."""
+        with self._lock:
+            comm = self._backend("cpu", -1)
+            links = getattr(self, "_links", None)
+            if links is None:
+                from .peer_links import PeerLinks
+
+                links = self._links = PeerLinks(self._rendezvous, comm, self.options)
+            return comm, links
+
+    def _peer(self, peer, name):
+        checks.root(peer, name, self.world_size)
+        if peer == self.rank:
+            raise ValueError(f"{name}={peer} is this rank: a rank cannot send to or receive from "
+                             "itself")
+
 
 class _CpuOnly:
     device, device_index = "cpu", -1
 
 
 _CPU_BUFFER = _CpuOnly()  # routes the checks' small all_gather to the CPU ring
+
+
+def _cpu_only(buf, call):
+    if buf.device != "cpu":
+        raise NotImplementedError(f"ringcomm: {call} supports CPU tensors and arrays only for now "
+                                  f"(got one on {buf.device})")
+
+
+def _split_counts(buf, splits, world_size, what):
+    """Element counts per rank from split sizes along dim 0 (None: equal splits)."""
+    shape = tuple(getattr(buf.source, "shape", (buf.numel,))) or (1,)
+    rows = shape[0]
+    row = buf.numel // rows if rows else 0
+    if splits is None or len(splits) == 0:
+        if rows % world_size:
+            raise ValueError(f"{what} has {rows} rows along dim 0, not divisible by world_size "
+                             f"{world_size}: give split sizes")
+        return [rows // world_size * row] * world_size
+    splits = [int(s) for s in splits]
+    if len(splits) != world_size or any(s < 0 for s in splits) or sum(splits) != rows:
+        raise ValueError(f"{what} split sizes {splits} must be {world_size} non-negative numbers "
+                         f"summing to its {rows} rows along dim 0")
+    return [s * row for s in splits]

@@ -24,19 +24,39 @@ def timeout_seconds(timeout):
 
 
 class Rendezvous:
+    """Rank, world size, timeout and a store private to one communicator.
+
+    Built from a torch.distributed group (``Rendezvous(group, timeout)``) or, where no default
+    group exists yet (a torch backend's creator), from a store (:meth:`from_store`)."""
+
     def __init__(self, group, timeout):
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("ringcomm needs torch.distributed.init_process_group(...) first: "
-                               "it takes rank, world size and the rendezvous store from it")
+                               "it takes rank, world size and the rendezvous store from it "
+                               "(or build it with ringcomm.Communicator.from_store)")
         group = group or dist.group.WORLD
-        self.rank = dist.get_rank(group)
-        self.world_size = dist.get_world_size(group)
-        if self.rank < 0:
+        rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+        if rank < 0:
             raise ValueError("this process is not a member of the given group")
-        self.timeout = timeout_seconds(timeout)
         name = dist.distributed_c10d._get_process_group_name(group)
-        prefix = f"ringcomm/{name}/{next(_instances[name])}/"
-        self.store = dist.PrefixStore(prefix, dist.distributed_c10d._get_default_store())
+        self._setup(dist.distributed_c10d._get_default_store(), name, rank, world_size, timeout)
+
+    @classmethod
+    def from_store(cls, store, rank, world_size, timeout=None, name="store"):
+        """Every rank passes the same store (or stores that share keys) and name; communicators
+        built on one store in the same order on every rank get matching keys."""
+        if not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+        if not isinstance(rank, int) or not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank!r} is not a rank of a {world_size}-rank world")
+        self = cls.__new__(cls)
+        self._setup(store, name, rank, world_size, timeout)
+        return self
+
+    def _setup(self, store, name, rank, world_size, timeout):
+        self.rank, self.world_size = rank, world_size
+        self.timeout = timeout_seconds(timeout)
+        self.store = dist.PrefixStore(f"ringcomm/{name}/{next(_instances[name])}/", store)
 
     def _wait(self, keys, what):
         try:

@@ -76,10 +76,10 @@ def schedule(primitive="all_reduce", world_size=4, count=None, root=0, dtype="fl
 
         >>> print(ringcomm.schedule("reduce_scatter", world_size=4))
     """
-    try:
-        kind = _C.Primitive.__members__[primitive]
-    except KeyError:
-        raise ValueError(f"unknown primitive {primitive!r}; one of {list(_C.Primitive.__members__)}") from None
+    planned = {kind.name: kind for kind in _C.PLANNED_PRIMITIVES}
+    kind = planned.get(primitive)
+    if kind is None:
+        raise ValueError(f"no ring schedule for {primitive!r}; one of {list(planned)}")
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     if count is None:

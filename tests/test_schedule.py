@@ -8,7 +8,7 @@ import pytest
 import ringcomm
 from ringcomm import _C
 
-PRIMITIVES = list(_C.Primitive.__members__)
+PRIMITIVES = [kind.name for kind in _C.PLANNED_PRIMITIVES]  # point-to-point has no plan
 
 
 def plans(primitive, n, count, root, dtype=None):
@@ -218,5 +218,7 @@ def test_schedule_text_view():
     int8 = ringcomm.schedule("all_reduce", world_size=2, count=40, dtype="int8").chunks
     assert int8 == ((0, 16), (16, 24))
     assert "c2 ->1" in text  # rank 0's first step sends chunk 2 to rank 1
-    with pytest.raises(ValueError, match="unknown primitive"):
+    with pytest.raises(ValueError, match="no ring schedule for 'allreduce'"):
         ringcomm.schedule("allreduce")
+    with pytest.raises(ValueError, match="no ring schedule for 'send_recv'"):
+        ringcomm.schedule("send_recv")

@@ -61,8 +61,7 @@ void Communicator::collective(uintptr_t stream, const std::function<void()>& bod
     body();
     transport_->end();
   } catch (const Error& e) {
-    failure_ = e.what();
-    transport_->abort(failure_);
+    failed(e.what());
     throw;
   }
 }
@@ -194,6 +193,7 @@ void Communicator::scatter(void* output, const void* input, size_t outputCount, 
 void Communicator::close() {
   closed_ = true;
   transport_.reset();  // unmaps shared memory, destroys NCCL communicators
+  links_.reset();
   reducer_.reset();
 }
 

@@ -225,6 +225,9 @@ Plan makePlan(const PlanRequest& request) {
     case Primitive::Scatter:
       builder.scatter();
       break;
+    case Primitive::AllToAll:
+    case Primitive::SendRecv:
+      RC_THROW(primitiveName(request.primitive), " runs over peer links, not a ring schedule");
   }
   return plan;
 }

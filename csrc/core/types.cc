@@ -81,8 +81,12 @@ std::string headerFields(const Envelope& e) {
   std::string wire;
   if (e.wireType != e.dataType)
     wire = detail::concat(" on a ", dataTypeName(static_cast<DataType>(e.wireType)), " wire");
-  return detail::concat("count ", e.count, ", ", dataTypeName(static_cast<DataType>(e.dataType)),
-                        wire, ", ", redOpName(static_cast<RedOp>(e.op)), ", root ", e.root);
+  const char* type = dataTypeName(static_cast<DataType>(e.dataType));
+  const auto primitive = static_cast<Primitive>(e.primitive);
+  if (primitive == Primitive::SendRecv || primitive == Primitive::AllToAll)  // no op; root: tag
+    return detail::concat("count ", e.count, ", ", type, ", tag ", e.root);
+  return detail::concat("count ", e.count, ", ", type, wire, ", ",
+                        redOpName(static_cast<RedOp>(e.op)), ", root ", e.root);
 }
 
 }  // namespace

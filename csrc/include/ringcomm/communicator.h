@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ringcomm/executor.h"
 #include "ringcomm/reducer.h"
@@ -58,6 +59,17 @@ class Communicator {
   void scatter(void* output, const void* input, size_t outputCount, DataType type, int src,
                uintptr_t stream = 0);
 
+  // Point-to-point and all-to-all (csrc/core/point_to_point.cc) run over `links`, a transport
+  // that reaches every rank (the ring's reaches only its neighbours). Messages of one pair of
+  // ranks are matched in order: a send's tag and count must equal the matching recv's.
+  void setPeerLinks(std::shared_ptr<Transport> links);
+  void send(const void* data, size_t count, DataType type, int peer, int tag);
+  void recv(void* data, size_t count, DataType type, int peer, int tag);
+  // input holds sendCounts[p] elements for each rank p in rank order; output receives
+  // recvCounts[p] from each rank p in rank order (this rank's block is copied locally).
+  void allToAll(void* output, const void* input, const std::vector<size_t>& sendCounts,
+                const std::vector<size_t>& recvCounts, DataType type);
+
   void setSliceBytes(size_t bytes);
   size_t sliceBytes() const { return options_.sliceBytes; }
   void close();
@@ -72,6 +84,12 @@ class Communicator {
   void collective(uintptr_t stream, const std::function<void()>& body);
   // Runs the plan (inside collective()).
   void execute(const Collective& collective);
+  Transport& peerLinks();
+  // One pair's message, in slot-sized pieces; `other` sends or receives at the same time
+  // (all-to-all), interleaved piece by piece so that neither side waits for the other's end.
+  struct PairMessage;
+  void exchange(PairMessage* out, PairMessage* in);
+  void failed(const std::string& why);  // records the failure, aborts every transport
 
   int rank_, worldSize_;
   std::shared_ptr<Transport> transport_;
@@ -80,6 +98,8 @@ class Communicator {
   uint64_t sequence_ = 0;
   bool closed_ = false;
   std::string failure_;
+  std::shared_ptr<Transport> links_;
+  std::vector<uint64_t> sent_, received_;  // messages per peer: their envelopes' sequence
 };
 
 }  // namespace ringcomm

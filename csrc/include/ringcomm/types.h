@@ -42,6 +42,8 @@ enum class Primitive : int32_t {
   Reduce,
   Gather,
   Scatter,
+  AllToAll,  // point-to-point (csrc/core/point_to_point.cc)
+  SendRecv,
 };
 
 enum class TypeClass { Floating, Integer, Bool };
@@ -63,6 +65,7 @@ struct RedOpInfo {
 struct PrimitiveInfo {
   Primitive primitive;
   const char* name;  // as in torch.distributed
+  bool planned;      // makePlan has a schedule for it (the rest are point-to-point)
 };
 
 // Every value of each enum, in enum order (checked below).
@@ -94,10 +97,11 @@ inline constexpr RedOpInfo kRedOps[] = {
 };
 
 inline constexpr PrimitiveInfo kPrimitives[] = {
-    {Primitive::AllReduce, "all_reduce"}, {Primitive::ReduceScatter, "reduce_scatter"},
-    {Primitive::AllGather, "all_gather"}, {Primitive::Broadcast, "broadcast"},
-    {Primitive::Reduce, "reduce"},        {Primitive::Gather, "gather"},
-    {Primitive::Scatter, "scatter"},
+    {Primitive::AllReduce, "all_reduce", true},   {Primitive::ReduceScatter, "reduce_scatter", true},
+    {Primitive::AllGather, "all_gather", true},   {Primitive::Broadcast, "broadcast", true},
+    {Primitive::Reduce, "reduce", true},          {Primitive::Gather, "gather", true},
+    {Primitive::Scatter, "scatter", true},        {Primitive::AllToAll, "all_to_all", false},
+    {Primitive::SendRecv, "send_recv", false},
 };
 
 template <typename Row, size_t N, typename Key>

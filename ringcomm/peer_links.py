@@ -1,0 +1,48 @@
+"""Point-to-point links of the CPU path: one shared-memory channel per ordered pair of ranks,
+set up the first time the pair talks, so that a send/recv between two ranks needs no other
+rank. The sender creates its channel and publishes the name in the store; the receiver maps it,
+removes the name (both ends have it mapped from then on) and says so in the store. A sender
+that closes before its receiver has mapped the channel waits for it (with the timeout), as a
+torch send waits for its receiver: messages already sent are not lost."""
+import threading
+
+from . import _C
+
+
+class PeerLinks:
+    def __init__(self, rendezvous, comm, options):
+        """`comm`: the CPU ring's _C.Communicator, which sends and receives over these links;
+        `options`: the communicator's resolved CommOptions (slots and waits as the ring's)."""
+        self._rendezvous = rendezvous
+        self._links = _C.ShmPeerLinks(rendezvous.rank, rendezvous.world_size, options.slot_bytes,
+                                      options.slot_count, options.timeout, options.spins,
+                                      options.yield_us)
+        comm.set_peer_links(self._links)
+        # Separate locks: a receiver waiting for a peer's name must not stop this rank's sender
+        # from publishing its own (the peer may be waiting for it).
+        self._out_lock, self._in_lock = threading.Lock(), threading.Lock()
+        self._created = []  # peers this rank created a channel to
+
+    def to(self, peer):
+        """Makes sure the channel to `peer` exists (before sending to it)."""
+        with self._out_lock:
+            if not self._links.has_outgoing(peer):
+                self._rendezvous.publish(f"p2p-to-{peer}", self._links.create_outgoing(peer))
+                self._created.append(peer)
+
+    def from_(self, peer):
+        """Makes sure the channel from `peer` is mapped (before receiving from it)."""
+        with self._in_lock:
+            if not self._links.has_incoming(peer):
+                name = self._rendezvous.read(f"p2p-to-{self._rendezvous.rank}", peer).decode()
+                self._links.attach_incoming(peer, name)
+                self._links.unlink_incoming(peer)
+                self._rendezvous.publish(f"p2p-attached-{peer}", b"1")
+
+    def close(self, failed=False):
+        """Waits until every receiver has mapped its channel (unless the communicator failed:
+        then peers learn of it through the abort), so that closing unlinks nothing unread."""
+        if not failed:
+            for peer in self._created:
+                self._rendezvous.read(f"p2p-attached-{self._rendezvous.rank}", peer)
+        self._created = []

@@ -1,0 +1,355 @@
+"""ringcomm as a torch.distributed backend: ``dist.init_process_group("ringcomm")``.
+
+``import ringcomm`` registers the backend (see :func:`register`). torch then builds a
+:class:`ProcessGroupRingcomm` from its store, rank, world size and timeout, and routes every
+collective to it: calls from Python (``dist.all_reduce``) reach these methods directly, calls
+from C++ (DDP's reducer, functional collectives) through torch's Python process-group trampoline.
+
+Collectives run to completion before they return (the shared-memory ring is driven by the
+calling thread), so ``async_op=True`` yields an already-completed Work. Synchronous calls from
+Python return None, which ``torch.distributed`` accepts: nothing is allocated for a Work that
+would only be waited on.
+"""
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future
+
+from . import _C
+from .buffers import _C_DTYPES, _TORCH_DTYPES
+from .communicator import Communicator
+from .rendezvous import Rendezvous
+from .ops import to_c_op
+
+NAME = "ringcomm"
+
+_DTYPES = {t: _C_DTYPES[name] for t, name in _TORCH_DTYPES.items()}
+_RedOpType = dist.ReduceOp.RedOpType
+
+
+def _op(opts, call):
+    """_C.RedOp for the options' ReduceOp (SUM without options); PREMUL_SUM (a scaled sum) has
+    no ringcomm counterpart."""
+    if opts is None:
+        return _C.RedOp.sum
+    op = opts.reduceOp
+    c_op = _C_OPS.get(op)  # a ReduceOp hashes and compares as its RedOpType
+    if c_op is None:
+        raise NotImplementedError(f"ringcomm backend: {call} does not support ReduceOp {op.op}")
+    return c_op
+
+
+_C_OPS = {dist.ReduceOp(kind): to_c_op(kind)
+          for kind in (_RedOpType.SUM, _RedOpType.PRODUCT, _RedOpType.MIN, _RedOpType.MAX,
+                       _RedOpType.AVG, _RedOpType.BAND, _RedOpType.BOR, _RedOpType.BXOR)}
+
+
+def _dtype(tensor, call):
+    c_dtype = _DTYPES.get(tensor.dtype)
+    if c_dtype is None:
+        names = ", ".join(str(t) for t in _DTYPES)
+        raise TypeError(f"ringcomm backend: {call} got a {tensor.dtype} tensor; supported: {names}")
+    return c_dtype
+
+
+def _completed(result):
+    future = torch.futures.Future()
+    future.set_result(result)
+    return _create_work_from_future(future)
+
+
+def _finish(opts, result):
+    """None for a synchronous call from Python; a completed Work otherwise (C++ callers, whose
+    options default to asyncOp=True, always get one)."""
+    return _completed(result) if opts is None or opts.asyncOp else None
+
+
+def _flat(tensors):
+    """One contiguous tensor holding `tensors` back to back."""
+    return torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0)
+
+
+def _unflatten_into(flat, tensors):
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()
+
+
+class _Contiguous:
+    """A contiguous stand-in for `tensor`, copied back on exit when it had to be a copy."""
+
+    def __init__(self, tensor, write_back=True):
+        self.tensor, self.write_back = tensor, write_back
+        self.buffer = tensor if tensor.is_contiguous() else tensor.contiguous()
+
+    def __enter__(self):
+        return self.buffer
+
+    def __exit__(self, *exc):
+        if self.buffer is not self.tensor and self.write_back and exc[0] is None:
+            self.tensor.copy_(self.buffer)
+
+
+class ProcessGroupRingcomm(dist.ProcessGroup):
+    """A torch.distributed process group whose collectives run on a ringcomm Communicator.
+
+    Built by torch for ``init_process_group("ringcomm")`` / ``new_group(backend="ringcomm")``;
+    ``self.communicator`` is the underlying :class:`ringcomm.Communicator`.
+    """
+
+    def __init__(self, store, rank, world_size, timeout, group_name="ringcomm"):
+        super().__init__(rank, world_size)
+        # Keys named after the group: ranks outside a sub-group never build it, so a per-process
+        # count of communicators would drift between ranks.
+        rendezvous = Rendezvous.from_store(store, rank, world_size, timeout, name=group_name)
+        self.communicator = Communicator(rendezvous)
+        self._rank, self._world_size = rank, world_size
+        self._group_name = self._group_desc = ""
+        self._cpu_ring = None
+        self._p2p_threads, self._p2p_last = None, {}
+
+    # -- identity (FSDP2 and torch's group registry use these) ---------------------------------
+
+    def getBackendName(self):
+        return NAME
+
+    def getGroupName(self):
+        return self._group_name
+
+    def setGroupName(self, name):
+        self._group_name = name
+
+    def getGroupDesc(self):
+        return self._group_desc
+
+    def setGroupDesc(self, desc):
+        self._group_desc = desc
+
+    def abort(self):
+        self.communicator.close()
+
+    def shutdown(self):
+        for pool in (self._p2p_threads or {}).values():
+            pool.shutdown(wait=True)
+        self.communicator.close()
+
+    # -- collectives ---------------------------------------------------------------------------
+
+    def allreduce(self, tensors, opts=None):
+        # The hot path (one contiguous CPU tensor of a supported dtype) goes straight into the
+        # C++ ring with nothing allocated on the way; the rest takes the checked route.
+        op = _op(opts, "all_reduce")
+        ring = self._cpu_ring or self._cpu()
+        for t in tensors:
+            c_dtype = _DTYPES.get(t.dtype)
+            if c_dtype is not None and t.is_cpu and t.is_contiguous():
+                ring.all_reduce(t.data_ptr(), t.numel(), c_dtype, op)
+            else:
+                with _Contiguous(t) as c:
+                    self.communicator.all_reduce(c, op.name)
+        return _finish(opts, tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self.allreduce(tensors, opts)
+
+    def broadcast(self, tensors, opts=None):
+        root = opts.rootRank if opts is not None else 0
+        for t in tensors:
+            if t.is_cpu and t.is_contiguous():
+                self._cpu().broadcast(t.data_ptr(), t.numel(), _dtype(t, "broadcast"), root)
+            else:
+                with _Contiguous(t) as c:
+                    self.communicator.broadcast(c, root)
+        return _finish(opts, tensors)
+
+    def reduce(self, tensors, opts):
+        op = _op(opts, "reduce")
+        for t in tensors:
+            with _Contiguous(t) as c:
+                self.communicator.reduce(c, opts.rootRank, op.name)
+        return _finish(opts, tensors)
+
+    def all_gather_single(self, output, input, opts=None):
+        with _Contiguous(output) as out:
+            self.communicator.all_gather(out, input.contiguous())
+        return _finish(opts, [output])
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        for output, input in zip(outputs, inputs, strict=True):
+            with _Contiguous(output) as out:
+                self.communicator.all_gather(out, input.contiguous())
+        return _finish(opts, outputs)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def allgather(self, output_lists, inputs, opts=None):
+        for outputs, input in zip(output_lists, inputs, strict=True):
+            self._check_list(outputs, input, "all_gather", "output_tensor_list")
+            flat = input.new_empty(self._world_size * input.numel())
+            self.communicator.all_gather(flat, input.contiguous())
+            _unflatten_into(flat, outputs)
+        return _finish(opts, output_lists)
+
+    def allgather_coalesced(self, output_lists, inputs, opts=None):
+        flat_in = _flat(inputs)
+        flat_out = flat_in.new_empty(self._world_size * flat_in.numel())
+        self.communicator.all_gather(flat_out, flat_in)
+        for rank, outputs in enumerate(output_lists):  # output_lists[r]: rank r's inputs
+            _unflatten_into(flat_out[rank * flat_in.numel():(rank + 1) * flat_in.numel()], outputs)
+        return _finish(opts, output_lists)
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        op = _op(opts, "reduce_scatter")
+        with _Contiguous(output) as out:
+            self.communicator.reduce_scatter(out, input.contiguous(), op.name)
+        return _finish(opts, [output])
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        op = _op(opts, "reduce_scatter")
+        for output, input in zip(outputs, inputs, strict=True):
+            with _Contiguous(output) as out:
+                self.communicator.reduce_scatter(out, input.contiguous(), op.name)
+        return _finish(opts, outputs)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def reduce_scatter(self, outputs, input_lists, opts=None):
+        op = _op(opts, "reduce_scatter")
+        for output, inputs in zip(outputs, input_lists, strict=True):
+            self._check_list(inputs, output, "reduce_scatter", "input_list")
+            with _Contiguous(output) as out:
+                self.communicator.reduce_scatter(out, _flat(inputs), op.name)
+        return _finish(opts, outputs)
+
+    def gather(self, output_lists, inputs, opts):
+        (input,) = inputs
+        root = opts.rootRank
+        flat = None
+        if self._rank == root:
+            (outputs,) = output_lists
+            self._check_list(outputs, input, "gather", "gather_list")
+            flat = input.new_empty(self._world_size * input.numel())
+        self.communicator.gather(flat, input.contiguous(), root)
+        if flat is not None:
+            _unflatten_into(flat, outputs)
+        return _finish(opts, output_lists)
+
+    def scatter(self, outputs, input_lists, opts):
+        (output,) = outputs
+        root = opts.rootRank
+        flat = None
+        if self._rank == root:
+            (inputs,) = input_lists
+            self._check_list(inputs, output, "scatter", "scatter_list")
+            flat = _flat(inputs)
+        with _Contiguous(output) as out:
+            self.communicator.scatter(out, flat, root)
+        return _finish(opts, outputs)
+
+    def barrier(self, opts=None):
+        # A barrier is an allreduce of nothing: every rank's first message needs every rank.
+        token = torch.zeros(1, dtype=torch.int8)
+        self._cpu().all_reduce(token.data_ptr(), 1, _C.DataType.int8, _C.RedOp.sum)
+        return _completed([token])
+
+    # -- point to point and all-to-all ------------------------------------------------------
+    # A send returns once its message is handed over, but a large one waits for the receiver to
+    # drain it: isend and irecv run on one thread each, so `isend; irecv; wait` works both ways.
+
+    def send(self, tensors, dst, tag):
+        (tensor,) = tensors
+        return self._p2p("send", lambda: self.communicator.send(tensor.contiguous(), dst, tag),
+                         tensors)
+
+    def recv(self, tensors, src, tag):
+        (tensor,) = tensors
+
+        def receive():
+            with _Contiguous(tensor) as buf:
+                self.communicator.recv(buf, src, tag)
+
+        return self._p2p("recv", receive, tensors)
+
+    def recv_anysource(self, tensors, tag):
+        raise NotImplementedError("ringcomm backend does not support recv from any source "
+                                  "(recv without src): name the sending rank")
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        self._drain_p2p()  # all-to-all shares the point-to-point links: keep their order
+        with _Contiguous(output) as out:
+            self.communicator.all_to_all(out, input.contiguous(), output_split_sizes,
+                                         input_split_sizes)
+        return _finish(opts, [output])
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(self, outputs, inputs, opts=None):
+        self._drain_p2p()
+        flat_in = _flat(inputs)
+        flat_out = flat_in.new_empty(sum(t.numel() for t in outputs))
+        self.communicator.all_to_all(flat_out, flat_in, [t.numel() for t in outputs],
+                                     [t.numel() for t in inputs])
+        _unflatten_into(flat_out, outputs)
+        return _finish(opts, outputs)
+
+    def monitored_barrier(self, *args, **kwargs):
+        raise NotImplementedError("ringcomm backend does not support monitored_barrier (a gloo "
+                                  "debugging aid); use barrier")
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _p2p(self, kind, call, tensors):
+        """Runs a send or recv on its own thread; the Work completes when it has."""
+        if self._p2p_threads is None:
+            self._p2p_threads = {k: ThreadPoolExecutor(1, thread_name_prefix=f"ringcomm-{k}")
+                                 for k in ("send", "recv")}
+        future = torch.futures.Future()
+
+        def task():
+            try:
+                call()
+                future.set_result(tensors)
+            except Exception as error:  # raised by the Work's wait()
+                future.set_exception(error)
+
+        self._p2p_last[kind] = self._p2p_threads[kind].submit(task)
+        return _create_work_from_future(future)
+
+    def _drain_p2p(self):
+        for pending in self._p2p_last.values():
+            pending.result()
+
+    def _cpu(self):
+        """The C++ communicator of the shared-memory ring (built on first use)."""
+        if self._cpu_ring is None:
+            self._cpu_ring = self.communicator._backend("cpu", -1)
+        return self._cpu_ring
+
+    def _check_list(self, tensors, like, call, what):
+        if len(tensors) != self._world_size:
+            raise ValueError(f"ringcomm backend: {call} needs {what} of {self._world_size} "
+                             f"tensors (one per rank), got {len(tensors)}")
+        for t in tensors:
+            if t.numel() != like.numel() or t.dtype != like.dtype:
+                raise ValueError(f"ringcomm backend: {call}: every tensor of {what} must have "
+                                 f"{like.numel()} elements of {like.dtype}, got {t.numel()} of "
+                                 f"{t.dtype}")
+
+
+def _create(options, backend_options):
+    """torch's creator (extended API): store, rank, size, timeout and the group's name."""
+    return ProcessGroupRingcomm(options.store, options.group_rank, options.group_size,
+                                options.timeout, group_name=f"pg-{options.group_id}")
+
+
+def register():
+    """Registers "ringcomm" with torch.distributed (done by ``import ringcomm``); idempotent."""
+    if NAME.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["cpu", "cuda"])

@@ -1,0 +1,96 @@
+"""Point-to-point (send/recv) and all-to-all on the Python API, real processes over shared
+memory, checked element for element against exact references: every dtype, awkward counts
+(0, 1, fewer than ranks, primes, several slots' worth), uneven splits, every pair of ranks."""
+import pytest
+import torch
+
+import ringcomm
+from launcher import launch
+from sweep import DTYPES, wrong
+
+COUNTS = [0, 1, 2, 7, 31, 100003]  # 100003 float64: several 64 KiB slots per message
+
+
+def block(src, dst, count, dtype):
+    """What rank src sends rank dst: distinct small integers (exact in every dtype)."""
+    values = (torch.arange(count) * 3 + 7 * src + dst) % 100
+    return (values % 2).to(dtype) if dtype == torch.bool else values.to(dtype)
+
+
+def _sweep(rank, n):
+    torch.set_num_threads(1)
+    comm = ringcomm.Communicator(timeout=60)
+    failures = []
+
+    def check(name, actual, expected):
+        bad = wrong(actual, expected)
+        if bad:
+            failures.append(f"rank {rank}: {name}: {bad} wrong")
+
+    for dtype in DTYPES:
+        for count in COUNTS:
+            # all_to_all, equal splits: count elements per pair.
+            inp = torch.cat([block(rank, p, count, dtype) for p in range(n)])
+            out = torch.empty(n * count, dtype=dtype)
+            comm.all_to_all(out, inp)
+            check(f"all_to_all {dtype} {count}", out,
+                  torch.cat([block(p, rank, count, dtype) for p in range(n)]))
+            # Uneven splits over rows of 3: rank s sends rank d (count + s + 2 d) % 5 rows.
+            rows = lambda s, d: (count + s + 2 * d) % 5  # noqa: E731
+            inp = torch.cat([block(rank, p, rows(rank, p) * 3, dtype) for p in range(n)]).view(-1, 3)
+            out = torch.empty(sum(rows(p, rank) for p in range(n)), 3, dtype=dtype)
+            comm.all_to_all(out, inp, [rows(p, rank) for p in range(n)],
+                            [rows(rank, p) for p in range(n)])
+            check(f"all_to_all uneven {dtype} {count}", out.reshape(-1),
+                  torch.cat([block(p, rank, rows(p, rank) * 3, dtype) for p in range(n)]))
+        # send/recv between every ordered pair, lower rank first so nothing waits in a cycle.
+        for src in range(n):
+            for dst in range(n):
+                if src == dst or rank not in (src, dst):
+                    continue
+                for tag, count in enumerate(COUNTS):
+                    if rank == src:
+                        comm.send(block(src, dst, count, dtype), dst, tag=tag)
+                    else:
+                        got = torch.empty(count, dtype=dtype)
+                        comm.recv(got, src, tag=tag)
+                        check(f"send/recv {src}->{dst} {dtype} {count}", got,
+                              block(src, dst, count, dtype))
+    # Bad arguments raise before anything is sent.
+    for call, kind in [(lambda: comm.send(torch.ones(1), rank), ValueError),
+                       (lambda: comm.recv(torch.ones(1), n), ValueError),
+                       (lambda: comm.all_to_all(torch.empty(n), torch.ones(n + 1)), ValueError),
+                       (lambda: comm.all_to_all(torch.empty(n), torch.ones(n), [1] * (n + 1)),
+                        ValueError)]:
+        with pytest.raises(kind):
+            call()
+    comm.close()
+    return failures
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_send_recv_and_all_to_all_exact(world_size):
+    failures = [f for fs in launch(world_size, _sweep, timeout=300) for f in fs]
+    assert not failures, "\n".join(failures[:20])
+
+
+def _mismatch(rank, n):
+    comm = ringcomm.Communicator(timeout=20)
+    try:
+        if rank == 0:
+            comm.send(torch.ones(4), 1, tag=1)
+            comm.send(torch.ones(4), 1, tag=2)
+        else:
+            comm.recv(torch.empty(4), 0, tag=1)
+            comm.recv(torch.empty(5), 0, tag=2)  # another count: must not be silently cut
+        return None
+    except ringcomm.RingcommError as error:
+        return f"{type(error).__name__}: {error}"
+    finally:
+        comm.close()  # rank 0 may get here first: its messages must still reach rank 1
+
+
+def test_recv_that_does_not_match_the_send_raises():
+    results = launch(2, _mismatch, timeout=120)
+    assert results[0] is None
+    assert results[1].startswith("MismatchError") and "send_recv" in results[1], results[1]
