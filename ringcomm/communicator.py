@@ -48,8 +48,11 @@ class Communicator:
 
     def __init__(self, group=None, timeout=None, *, options=None, **fields):
         options = (options or CommOptions()).replace(timeout=timeout, **fields)
-        # A Rendezvous is accepted in place of a group: from_store builds one without a group.
-        self._rendezvous = group if isinstance(group, Rendezvous) else Rendezvous(group, options.timeout)
+        if isinstance(group, Rendezvous):  # from_store and the torch backend: no process group
+            self._rendezvous = group
+            options = options.replace(timeout=options.timeout or group.timeout)
+        else:
+            self._rendezvous = Rendezvous(group, options.timeout)
         self.rank = self._rendezvous.rank
         self.world_size = self._rendezvous.world_size
         self.options = options.resolved(self.world_size)
@@ -74,7 +77,7 @@ class Communicator:
             store = dist.TCPStore("127.0.0.1", 29500, world_size, rank == 0)
             comm = ringcomm.Communicator.from_store(store, rank, world_size, timeout=60)
         """
-        return cls(Rendezvous.from_store(store, rank, world_size, timeout), timeout, **options)
+        return cls(Rendezvous.from_store(store, rank, world_size, timeout), **options)
 
     # -- collectives ---------------------------------------------------------------------------
 
