@@ -321,6 +321,8 @@ class Communicator:
         as with NCCL, a send completes only together with its matching recv (two ranks that both
         send first may wait for each other until the timeout), and tags and counts are not
         checked (NCCL messages carry no header; ``debug=True`` does not cover them either).
+        The first CUDA call of a communicator, a send included, sets up its NCCL communicator
+        with every rank: all ranks must make a CUDA call.
 
         Example::
 
