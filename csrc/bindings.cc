@@ -25,6 +25,45 @@ namespace {
 
 void* address(uintptr_t value) { return reinterpret_cast<void*>(value); }
 
+// Traced NCCL groups as lists of (kind, peer, bytes, message number, staged).
+py::list groupsToList(const std::vector<std::vector<TracedOp>>& groups) {
+  py::list result;
+  for (const auto& group : groups) {
+    py::list ops;
+    for (const TracedOp& op : group)
+      ops.append(py::make_tuple(op.send ? "send" : "recv", op.peer, op.bytes, op.message,
+                                op.staged));
+    result.append(ops);
+  }
+  return result;
+}
+
+// One rank's groups for a program of ("send", peer, count), ("recv", peer, count) and
+// ("all_to_all", send_counts, recv_counts), run by the real Communicator over peer links that
+// trace instead of calling NCCL. Buffers are fake addresses: nothing is read or written.
+py::list traceP2p(int rank, int worldSize, const py::list& program, DataType type, int slots,
+                  size_t slotBytes) {
+  auto trace = std::make_shared<GroupTrace>(slots, slotBytes);
+  Communicator comm(rank, worldSize, trace, trace);
+  comm.setPeerLinks(trace);
+  void* in = address(uintptr_t{1} << 40);
+  void* out = address(uintptr_t{2} << 40);
+  for (const py::handle& item : program) {
+    const py::tuple call = item.cast<py::tuple>();
+    const std::string kind = call[0].cast<std::string>();
+    if (kind == "send")
+      comm.send(in, call[2].cast<size_t>(), type, call[1].cast<int>(), 0);
+    else if (kind == "recv")
+      comm.recv(out, call[2].cast<size_t>(), type, call[1].cast<int>(), 0);
+    else if (kind == "all_to_all")
+      comm.allToAll(out, in, call[1].cast<std::vector<size_t>>(),
+                    call[2].cast<std::vector<size_t>>(), type);
+    else
+      RC_THROW("unknown point-to-point call '", kind, "'");
+  }
+  return groupsToList(trace->groups);
+}
+
 py::dict planToDict(const Plan& plan) {
   py::list chunks, steps;
   for (const Range& chunk : plan.chunks) chunks.append(py::make_tuple(chunk.offset, chunk.count));
@@ -235,26 +274,26 @@ PYBIND11_MODULE(_C, m) {
       .def("set_peer_links", &Comm::setPeerLinks, py::arg("links"))
       .def(
           "send",
-          [](Comm& c, uintptr_t data, size_t n, DataType t, int peer, int tag) {
-            c.send(address(data), n, t, peer, tag);
+          [](Comm& c, uintptr_t data, size_t n, DataType t, int peer, int tag, uintptr_t stream) {
+            c.send(address(data), n, t, peer, tag, stream);
           },
           py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("peer"), py::arg("tag"),
-          release)
+          py::arg("stream") = 0, release)
       .def(
           "recv",
-          [](Comm& c, uintptr_t data, size_t n, DataType t, int peer, int tag) {
-            c.recv(address(data), n, t, peer, tag);
+          [](Comm& c, uintptr_t data, size_t n, DataType t, int peer, int tag, uintptr_t stream) {
+            c.recv(address(data), n, t, peer, tag, stream);
           },
           py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("peer"), py::arg("tag"),
-          release)
+          py::arg("stream") = 0, release)
       .def(
           "all_to_all",
           [](Comm& c, uintptr_t out, uintptr_t in, const std::vector<size_t>& sendCounts,
-             const std::vector<size_t>& recvCounts, DataType t) {
-            c.allToAll(address(out), address(in), sendCounts, recvCounts, t);
+             const std::vector<size_t>& recvCounts, DataType t, uintptr_t stream) {
+            c.allToAll(address(out), address(in), sendCounts, recvCounts, t, stream);
           },
           py::arg("output"), py::arg("input"), py::arg("send_counts"), py::arg("recv_counts"),
-          py::arg("dtype"), release)
+          py::arg("dtype"), py::arg("stream") = 0, release)
       .def("close", &Comm::close, release);
 
   // Entry points that only tests and benchmarks call, kept out of the package's surface.
@@ -264,21 +303,17 @@ PYBIND11_MODULE(_C, m) {
       [](Primitive primitive, int rank, int worldSize, size_t count, int root, DataType type,
          int slots, size_t slotBytes) {
         PlanRequest request{primitive, rank, worldSize, count, root, chunkAlignment(type, type)};
-        py::list groups;
-        for (const auto& group : traceGroups(request, type, slots, slotBytes)) {
-          py::list ops;
-          for (const TracedOp& op : group)
-            ops.append(py::make_tuple(op.send ? "send" : "recv", op.peer, op.bytes, op.message,
-                                      op.staged));
-          groups.append(ops);
-        }
-        return groups;
+        return groupsToList(traceGroups(request, type, slots, slotBytes));
       },
       py::arg("primitive"), py::arg("rank"), py::arg("world_size"), py::arg("count"),
       py::arg("root"), py::arg("dtype"), py::arg("slots"), py::arg("slot_bytes"),
       "The NCCL groups (lists of (kind, peer, bytes, message number, staged)) NcclTransport "
       "issues on "
       "`rank` for one collective, from the real plan and executor, without a GPU");
+  testing.def("trace_nccl_p2p", &traceP2p, py::arg("rank"), py::arg("world_size"),
+              py::arg("program"), py::arg("dtype"), py::arg("slots"), py::arg("slot_bytes"),
+              "The NCCL groups NcclTransport issues on `rank` for a program of send, recv and "
+              "all_to_all calls (see traceP2p), without a GPU");
 
   testing.def(
       "column_count",

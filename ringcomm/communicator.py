@@ -312,13 +312,20 @@ class Communicator:
             return future.wait()
         return work.Work(future)
 
-    # -- point to point and all-to-all (CPU shared memory) ------------------------------------
+    # -- point to point and all-to-all (CPU: shared memory; CUDA: the ring's NCCL communicator) -
 
     def send(self, tensor, dst, tag=0):
         """Sends ``tensor`` to rank ``dst``; returns once it is handed over (it may not have been
         received yet). Messages between two ranks are matched in order: the receiving rank's
         :meth:`recv` must name this rank, the same tag and the same element count and dtype, or it
         raises MismatchError.
+
+        On CUDA tensors the call is ordered on the current stream and returns without waiting;
+        as with NCCL, a send completes only together with its matching recv (two ranks that both
+        send first may wait for each other until the timeout), and tags and counts are not
+        checked (NCCL messages carry no header; ``debug=True`` does not cover them either).
+        The first CUDA call of a communicator, a send included, sets up its NCCL communicator
+        with every rank: all ranks must make a CUDA call.
 
         Example::
 
@@ -328,8 +335,10 @@ class Communicator:
                 comm.recv(buf, src=0, tag=7)
         """
         buf = as_buffer(tensor, "tensor")
-        _cpu_only(buf, "send")
         self._peer(dst, "dst")
+        if buf.device == "cuda":
+            self._call(buf, "send", (buf.address, buf.numel, buf.c_dtype, dst, int(tag)), {})
+            return tensor
         comm, links = self._peer_links()
         links.to(dst)
         comm.send(buf.address, buf.numel, buf.c_dtype, dst, int(tag))
@@ -338,8 +347,10 @@ class Communicator:
     def recv(self, tensor, src, tag=0):
         """Receives into ``tensor`` the next message rank ``src`` sent this rank (see :meth:`send`)."""
         buf = checks.writable(tensor, "tensor")
-        _cpu_only(buf, "recv")
         self._peer(src, "src")
+        if buf.device == "cuda":
+            self._call(buf, "recv", (buf.address, buf.numel, buf.c_dtype, src, int(tag)), {})
+            return tensor
         comm, links = self._peer_links()
         links.from_(src)
         comm.recv(buf.address, buf.numel, buf.c_dtype, src, int(tag))
@@ -358,11 +369,14 @@ class Communicator:
         """
         out, inp = checks.writable(output, "output"), as_buffer(input, "input")
         checks.same_kind(out, inp)
-        _cpu_only(out, "all_to_all")
         if out.overlaps(inp):
             raise ValueError("all_to_all: input and output must not overlap")
         send_counts = _split_counts(inp, input_split_sizes, self.world_size, "input")
         recv_counts = _split_counts(out, output_split_sizes, self.world_size, "output")
+        if out.device == "cuda":  # every step one NCCL group, ordered on the current stream
+            self._call(out, "all_to_all", (out.address, inp.address, send_counts, recv_counts,
+                                           out.c_dtype), {})
+            return output
         comm, links = self._peer_links() if self.world_size > 1 else (self._backend("cpu", -1), None)
         if links is not None:
             for peer in range(self.world_size):
@@ -397,12 +411,6 @@ class _CpuOnly:
 
 
 _CPU_BUFFER = _CpuOnly()  # routes the checks' small all_gather to the CPU ring
-
-
-def _cpu_only(buf, call):
-    if buf.device != "cpu":
-        raise NotImplementedError(f"ringcomm: {call} supports CPU tensors and arrays only for now "
-                                  f"(got one on {buf.device})")
 
 
 def _split_counts(buf, splits, world_size, what):

@@ -1,4 +1,5 @@
-"""The CUDA backend: ringcomm's ring over its own NCCL communicator (send/recv only)."""
+"""The CUDA backend: ringcomm's ring over its own NCCL communicator (send/recv only); the same
+NCCL communicator reaches every rank, so it also carries point-to-point and all-to-all."""
 import os
 
 from . import _C
@@ -55,6 +56,7 @@ def create(rendezvous, device_index, options, ordinal=0):
                        slice_bytes=slice_bytes, timeout=options.timeout, library_hint=hint)
     comm = _C.Communicator(rendezvous.rank, rendezvous.world_size, ring.transport, ring.reducer,
                            slice_bytes)
+    comm.set_peer_links(ring.transport)  # sends whole messages from and into user buffers
     ring.release()  # the communicator owns them now: its close() frees the GPU resources
     return comm
 

@@ -261,6 +261,8 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
     # -- point to point and all-to-all ------------------------------------------------------
     # A send returns once its message is handed over, but a large one waits for the receiver to
     # drain it: isend and irecv run on one thread each, so `isend; irecv; wait` works both ways.
+    # On CUDA, as with NCCL, a send completes only with its matching recv: call them in an order
+    # where each pair meets (or batch_isend_irecv-style, sends and receives alternating).
 
     def send(self, tensors, dst, tag):
         (tensor,) = tensors
@@ -305,7 +307,14 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
     # -- helpers -------------------------------------------------------------------------------
 
     def _p2p(self, kind, call, tensors):
-        """Runs a send or recv on its own thread; the Work completes when it has."""
+        """Runs a send or recv on its own thread; the Work completes when it has. On CUDA it
+        runs now instead, ordered on the current stream as NCCL's are (one NCCL communicator
+        must not be driven from two threads)."""
+        if tensors[0].is_cuda:
+            call()
+            future = torch.futures.Future(devices=[tensors[0].device])
+            future.set_result(tensors)
+            return _create_work_from_future(future)
         if self._p2p_threads is None:
             self._p2p_threads = {k: ThreadPoolExecutor(1, thread_name_prefix=f"ringcomm-{k}")
                                  for k in ("send", "recv")}

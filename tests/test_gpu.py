@@ -587,3 +587,112 @@ def _api_all_reduce(rank, world):
     torch.cuda.synchronize()
     assert torch.all(t == world * (world + 1) / 2)
     comm.close()
+
+
+# -- point to point and all-to-all over the ring's NCCL communicator ---------------------------
+
+P2P_COUNTS = [0, 1, 7, 1000, (1 << 20) + 3]
+
+
+def _split_matrix(world, seed):
+    """counts[r][p]: what rank r sends rank p (uneven, with zeros)."""
+    gen = torch.Generator().manual_seed(seed)
+    choices = torch.tensor([0, 0, 1, 3, 7, 1000, 65539])
+    return choices[torch.randint(0, len(choices), (world, world), generator=gen)].tolist()
+
+
+def _block(src, dst, n, dtype):
+    """What rank src sends rank dst: distinct integers per pair, exact in every dtype."""
+    i = torch.arange(n, device="cuda", dtype=torch.int64)
+    return ((i % 11) + 13 * src + dst).to(dtype)
+
+
+def _point_to_point(comm, ring, rank, world, store):
+    comm.set_peer_links(ring.transport)
+    stream = torch.cuda.current_stream().cuda_stream
+    for n in P2P_COUNTS:
+        for name in ("float32", "int64", "bfloat16"):
+            dt, cdt = DTYPES[name], getattr(_C.DataType, name)
+            # Pairs that meet: even ranks send first, odd ranks receive first (NCCL's rule).
+            for shift in sorted({1, world - 1}):
+                to, frm = (rank + shift) % world, (rank - shift) % world
+                out = _block(rank, to, n, dt)
+                got = torch.full((n,), -1, dtype=dt, device="cuda")
+                calls = [lambda: comm.send(out.data_ptr(), n, cdt, to, 5, stream),
+                         lambda: comm.recv(got.data_ptr(), n, cdt, frm, 5, stream)]
+                for call in calls if rank % 2 == 0 else calls[::-1]:
+                    call()
+                _assert_same(got, _block(frm, rank, n, dt), f"send/recv {name} n={n} shift={shift}")
+    for seed in range(3):
+        counts = _split_matrix(world, seed)
+        send = [counts[rank][p] for p in range(world)]
+        recv = [counts[p][rank] for p in range(world)]
+        for name in ("float32", "int32"):
+            dt, cdt = DTYPES[name], getattr(_C.DataType, name)
+            inp = torch.cat([_block(rank, p, send[p], dt) for p in range(world)])
+            out = torch.full((sum(recv),), -1, dtype=dt, device="cuda")
+            comm.all_to_all(out.data_ptr(), inp.data_ptr(), send, recv, cdt, stream)
+            expected = torch.cat([_block(p, rank, recv[p], dt) for p in range(world)])
+            _assert_same(out, expected, f"all_to_all {name} seed={seed} {send} -> {recv}")
+    ring.synchronize(60.0)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_point_to_point_and_all_to_all(world):
+    launch(world, _on_ring, _point_to_point, timeout=240, **ON_SHARED_GPU)
+
+
+def _api_point_to_point(rank, world):
+    """ringcomm.Communicator on torch (and cupy) CUDA tensors, and the torch backend."""
+    torch.cuda.set_device(0)
+    import torch.distributed as dist
+
+    import ringcomm
+
+    comm = ringcomm.Communicator()
+    nxt, prev = (rank + 1) % world, (rank - 1) % world
+    x, got = _block(rank, nxt, 1001, torch.float32), torch.zeros(1001, device="cuda")
+    pair = [lambda: comm.send(x, nxt, tag=3), lambda: comm.recv(got, prev, tag=3)]
+    for call in pair if rank % 2 == 0 else pair[::-1]:
+        call()
+    splits = [p + 1 for p in range(world)]  # rank p sends every rank p + 1 rows of 2
+    inp = torch.cat([_block(rank, p, 2 * (rank + 1), torch.int64) for p in range(world)])
+    out = torch.empty(sum(2 * (p + 1) for p in range(world)), dtype=torch.int64, device="cuda")
+    comm.all_to_all(out.view(-1, 2), inp.view(-1, 2), splits, [rank + 1] * world)
+    torch.cuda.synchronize()
+    _assert_same(got, _block(prev, rank, 1001, torch.float32), "Communicator send/recv")
+    _assert_same(out, torch.cat([_block(p, rank, 2 * (p + 1), torch.int64) for p in range(world)]),
+                 "Communicator all_to_all")
+    try:
+        import cupy
+    except ImportError:
+        cupy = None
+    if cupy is not None:
+        a = cupy.arange(world * 3, dtype=cupy.float32) + 100 * rank
+        b = cupy.empty_like(a)
+        comm.all_to_all(b, a)
+        cupy.cuda.get_current_stream().synchronize()
+        expected = cupy.concatenate([cupy.arange(3 * rank, 3 * rank + 3, dtype=cupy.float32)
+                                     + 100 * p for p in range(world)])
+        assert bool((b == expected).all())
+    comm.close()
+
+    group = dist.new_group(backend="ringcomm")
+    t = torch.arange(4 * world, device="cuda", dtype=torch.float32) + 10 * rank
+    o = torch.empty_like(t)
+    dist.all_to_all_single(o, t, group=group)
+    expected = torch.cat([torch.arange(4 * rank, 4 * rank + 4, device="cuda") + 10.0 * p
+                          for p in range(world)])
+    _assert_same(o, expected, "backend all_to_all_single")
+    m = torch.full((5,), float(rank), device="cuda")
+    r = torch.empty(5, device="cuda")
+    ops = [lambda: dist.send(m, nxt, group=group), lambda: dist.recv(r, prev, group=group)]
+    for call in ops if rank % 2 == 0 else ops[::-1]:
+        call()
+    torch.cuda.synchronize()
+    _assert_same(r, torch.full((5,), float(prev), device="cuda"), "backend send/recv")
+    dist.destroy_process_group(group)
+
+
+def test_python_point_to_point_on_cuda():
+    launch(WORLDS[0], _api_point_to_point, timeout=240, **ON_SHARED_GPU)

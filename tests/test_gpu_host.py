@@ -24,10 +24,14 @@ class _FakeCudaC:
         self.ids_made += 1
         return b"id-%d-from-rank-%d" % (self.ids_made, self.rank)
 
+    class _Transport(dict):
+        def set_peer_links(self, links):  # the communicator's, here the transport itself
+            self["peer_links_are_the_ring"] = links is self
+
     class CudaRing:
         def __init__(self, rank, world_size, device, unique_id, **options):
-            self.transport = {"rank": rank, "world_size": world_size, "device": device,
-                              "id": unique_id, "options": options}
+            self.transport = _FakeCudaC._Transport({"rank": rank, "world_size": world_size, "device": device,
+                              "id": unique_id, "options": options})
             self.reducer = None
 
         def release(self):
@@ -48,7 +52,7 @@ def _create_on_own_device(rank, world_size):
     # Rank r drives device r, as on a multi-GPU node; a second CUDA backend gets ordinal 1.
     first = cuda_backend.create(rendezvous, rank, options)
     second = cuda_backend.create(rendezvous, world_size + rank, options, ordinal=1)
-    return first, second
+    return dict(first), dict(second)
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -58,6 +62,8 @@ def test_nccl_id_is_keyed_by_communicator_not_device(world):
         assert first["device"] == rank and second["device"] == world + rank
         assert (first["id"], second["id"]) == (b"id-1-from-rank-0", b"id-2-from-rank-0")
         assert (first["rank"], first["world_size"]) == (rank, world)
+        # Point-to-point runs over the ring's own NCCL communicator, which reaches every rank.
+        assert first["peer_links_are_the_ring"] and second["peer_links_are_the_ring"]
         # The resolved CommOptions reach the ring: CUDA's default slice, the communicator's timeout.
         assert first["options"]["slice_bytes"] == 4 << 20 and first["options"]["timeout"] == 20
 
@@ -74,11 +80,22 @@ def nccl_groups(primitive, n, count, root, slots, slot_bytes):
     kind = _C.Primitive.__members__[primitive]
     ranks = []
     for r in range(n):
-        groups = _C.testing.trace_nccl_groups(kind, r, n, count, root, _C.DataType.float32,
-                                              slots, slot_bytes)
-        groups = [[op for op in g if op[2] > 0] for g in groups]
-        ranks.append([g for g in groups if g])
+        ranks.append(_nonempty(_C.testing.trace_nccl_groups(kind, r, n, count, root,
+                                                            _C.DataType.float32, slots, slot_bytes)))
     return ranks
+
+
+def _nonempty(groups):
+    groups = [[op for op in g if op[2] > 0] for g in groups]
+    return [g for g in groups if g]
+
+
+def p2p_groups(programs, slots=4, slot_bytes=256):
+    """Every rank's groups for its program of ("send", peer, count), ("recv", peer, count) and
+    ("all_to_all", send_counts, recv_counts), as the real Communicator issues them on NCCL."""
+    return [_nonempty(_C.testing.trace_nccl_p2p(r, len(programs), program, _C.DataType.float32,
+                                                slots, slot_bytes))
+            for r, program in enumerate(programs)]
 
 
 def replay(ranks):
@@ -161,6 +178,64 @@ def test_replay_catches_a_deadlock():
     ranks = [[[("send", (r + 1) % 3, 8, 0, True), ("recv", (r - 1) % 3, 8, 0, True)]]
              for r in range(3)]
     assert replay(ranks) == []
+
+
+# -- point to point and all-to-all on NCCL, replayed the same way ----------------------------------
+
+import random  # noqa: E402
+
+SPLITS = (0, 0, 1, 3, 7, 1000, 12345)
+
+
+def _all_to_all(n, seed):
+    """send_counts per rank (uneven, with zeros); rank r receives from p what p sends to r."""
+    rng = random.Random(seed)
+    counts = [[rng.choice(SPLITS) for _ in range(n)] for _ in range(n)]
+    return [("all_to_all", counts[r], [counts[p][r] for p in range(n)]) for r in range(n)]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 7, 8])
+def test_all_to_all_groups_match_up_and_never_deadlock(n):
+    for seed in range(6):
+        calls = _all_to_all(n, seed)
+        ranks = p2p_groups([[call] for call in calls])
+        assert not replay(ranks), (n, seed)
+        for r, groups in enumerate(ranks):
+            # One group per step with both directions, straight from and into user buffers.
+            assert len(groups) <= n - 1 and not any(op[4] for g in groups for op in g)
+            for g in groups:
+                assert [op[0] for op in g] in (["send", "recv"], ["send"], ["recv"]), g
+    zeros = [("all_to_all", [0] * n, [0] * n)] * n
+    assert p2p_groups([[call] for call in zeros]) == [[]] * n
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+def test_send_recv_groups_match_up_in_call_order(n):
+    """Pairs that meet (in a shift, even ranks send first and odd ranks receive first; across
+    the middle, the lower rank of each pair sends first), mixed with all-to-all calls and
+    zero-byte messages: every message finds its partner in order."""
+    programs = [[] for _ in range(n)]
+    for shift, count in [(1, 5), (n - 1, 0), (1, 12345), (n // 2, 1)]:
+        for r in range(n):
+            to, frm = (r + shift) % n, (r - shift) % n
+            send, recv = ("send", to, count), ("recv", frm, count)
+            first = r % 2 == 0 if 2 * shift != n else r < to
+            programs[r] += [send, recv] if first else [recv, send]
+    for r, call in enumerate(_all_to_all(n, 1)):
+        programs[r].append(call)
+    for r in range(n):  # rank 0 talks to every rank, one message each way
+        if r:
+            programs[0] += [("send", r, r), ("recv", r, 2 * r)]
+            programs[r] += [("recv", 0, r), ("send", 0, 2 * r)]
+    assert not replay(p2p_groups(programs))
+
+
+def test_sends_that_nobody_receives_yet_deadlock_as_on_nccl():
+    """NCCL's rule, which the CUDA send/recv inherits: every rank sending first to its
+    neighbour, each send in its own group, waits forever (the CPU links buffer it instead)."""
+    n = 3
+    programs = [[("send", (r + 1) % n, 64), ("recv", (r - 1) % n, 64)] for r in range(n)]
+    assert replay(p2p_groups(programs)) == [0, 1, 2]
 
 
 def test_copy_only_steps_use_the_callers_buffers():

@@ -94,3 +94,22 @@ def test_recv_that_does_not_match_the_send_raises():
     results = launch(2, _mismatch, timeout=120)
     assert results[0] is None
     assert results[1].startswith("MismatchError") and "send_recv" in results[1], results[1]
+
+
+def test_core_all_to_all_refuses_overlapping_buffers():
+    """The C++ check behind Python's: a block received into bytes a later step still sends
+    would corrupt it (and on NCCL would split a step's group). A refused call leaves the
+    communicator usable."""
+    import numpy as np
+
+    from ringcomm import _C
+
+    transport = _C.ShmTransport(0, 1, 64 * 1024, 4, 10.0, 0)
+    comm = _C.Communicator(0, 1, transport, _C.CpuReducer(), 64 * 1024)
+    x = np.arange(8, dtype=np.float32)
+    with pytest.raises(_C.RingcommError, match="must not overlap"):
+        comm.all_to_all(x.ctypes.data + 4, x.ctypes.data, [4], [4], _C.DataType.float32)
+    out = np.zeros(8, dtype=np.float32)
+    comm.all_to_all(out.ctypes.data, x.ctypes.data, [8], [8], _C.DataType.float32)
+    assert comm.failure == "" and (out == x).all()
+    comm.close()

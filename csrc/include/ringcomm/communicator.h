@@ -61,14 +61,18 @@ class Communicator {
 
   // Point-to-point and all-to-all (csrc/core/point_to_point.cc) run over `links`, a transport
   // that reaches every rank (the ring's reaches only its neighbours). Messages of one pair of
-  // ranks are matched in order: a send's tag and count must equal the matching recv's.
+  // ranks are matched in order: a send's tag and count must equal the matching recv's (checked
+  // on links that carry envelopes; NCCL carries none). `stream` as for collectives: on links
+  // that move user buffers (NCCL) every call is stream-ordered, and a send completes only
+  // together with its matching recv, as NCCL's do.
   void setPeerLinks(std::shared_ptr<Transport> links);
-  void send(const void* data, size_t count, DataType type, int peer, int tag);
-  void recv(void* data, size_t count, DataType type, int peer, int tag);
+  void send(const void* data, size_t count, DataType type, int peer, int tag,
+            uintptr_t stream = 0);
+  void recv(void* data, size_t count, DataType type, int peer, int tag, uintptr_t stream = 0);
   // input holds sendCounts[p] elements for each rank p in rank order; output receives
   // recvCounts[p] from each rank p in rank order (this rank's block is copied locally).
   void allToAll(void* output, const void* input, const std::vector<size_t>& sendCounts,
-                const std::vector<size_t>& recvCounts, DataType type);
+                const std::vector<size_t>& recvCounts, DataType type, uintptr_t stream = 0);
 
   void setSliceBytes(size_t bytes);
   size_t sliceBytes() const { return options_.sliceBytes; }
@@ -85,6 +89,8 @@ class Communicator {
   // Runs the plan (inside collective()).
   void execute(const Collective& collective);
   Transport& peerLinks();
+  // begin(stream), body, end() on the peer links; on failure aborts every transport.
+  void overLinks(uintptr_t stream, const std::function<void()>& body);
   // One pair's message, in slot-sized pieces; `other` sends or receives at the same time
   // (all-to-all), interleaved piece by piece so that neither side waits for the other's end.
   struct PairMessage;
