@@ -5,6 +5,7 @@ terms.
     python bench/run.py --nproc 4 -b 8 -e 64M -f 2 --collective all --json r.json --plot r.png
     torchrun --nproc-per-node 8 bench/run.py --device cuda --baseline nccl-ring
     python bench/run.py -b 8 -e 1M --baseline ringcomm-pg  # Communicator vs dist.* on "ringcomm"
+    python bench/run.py -b 8 -e 8 --algorithm ring,one_shot  # all_reduce algorithms side by side
 
 Spawns --nproc local ranks itself unless started by torchrun (RANK/WORLD_SIZE in the environment).
 """
@@ -25,6 +26,7 @@ except ImportError:  # run from a source checkout: the package sits next to benc
 
 import harness
 from collectives import COLLECTIVES, TORCH_OPS
+from ringcomm.options import ALGORITHMS, check_algorithm
 
 BASELINES = ("auto", "gloo", "nccl", "nccl-ring", "ringcomm-pg", "none")
 
@@ -56,6 +58,10 @@ def parse_args(argv=None):
     p.add_argument("--json", metavar="PATH", help="write the records as a JSON list")
     p.add_argument("--plot", metavar="PATH", help="write a PNG of busbw against size")
     p.add_argument("--timeout", type=float, default=300, help="ringcomm communicator timeout (s)")
+    p.add_argument("--algorithm", type=_algorithms, default=None,
+                   help="ringcomm all_reduce algorithm(s), comma-separated, each its own column "
+                        f"(ringcomm-NAME); one of {', '.join(ALGORITHMS)}; default: the "
+                        "communicator's (RINGCOMM_ALGO, else ring)")
     args = p.parse_args(argv)
 
     args.datatype = harness.DTYPE_ALIASES.get(args.datatype, args.datatype)
@@ -87,6 +93,16 @@ def _collectives(text):
     return names
 
 
+def _algorithms(text):
+    names = text.split(",")
+    for name in names:
+        try:
+            check_algorithm(name)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+    return names
+
+
 def _device(args, rank):
     if args.device == "cpu":
         return torch.device("cpu")
@@ -95,13 +111,15 @@ def _device(args, rank):
     return torch.device("cuda", local)
 
 
-def _ringcomm_impl(comm, args, device):
-    """ringcomm, or None where this build cannot run on the device (said once, not fatal)."""
+def _ringcomm_impls(comms, args, device):
+    """ringcomm (one per --algorithm), or none where this build cannot run on the device (said
+    once, not fatal)."""
     if device.type == "cuda" and not ringcomm.build_info()["cuda"]:
-        if comm.rank == 0:
+        if dist.get_rank() == 0:
             print("# ringcomm skipped: this build has no CUDA path (built without nvcc)", flush=True)
-        return None
-    return harness.Impl("ringcomm", lambda c, b: c.ringcomm(comm, b, args.op, args.root))
+        return []
+    return [harness.Impl(name, lambda c, b, comm=comm: c.ringcomm(comm, b, args.op, args.root))
+            for name, comm in comms.items()]
 
 
 def _share_gpu(rank):
@@ -127,8 +145,12 @@ def worker(rank, world, args, init_method):
     ctl = dist.new_group(backend="gloo")
     if not 0 <= args.root < world:
         raise SystemExit(f"--root {args.root} is not a rank of {world}")
-    comm = ringcomm.Communicator(timeout=args.timeout)
-    impls = [i for i in [_ringcomm_impl(comm, args, device)] if i]
+    if args.algorithm is None:
+        comms = {"ringcomm": ringcomm.Communicator(timeout=args.timeout)}
+    else:  # one communicator per algorithm: its all_reduce runs with it
+        comms = {f"ringcomm-{name}": ringcomm.Communicator(timeout=args.timeout, algorithm=name)
+                 for name in args.algorithm}
+    impls = _ringcomm_impls(comms, args, device)
     if args.baseline != "none":
         op = TORCH_OPS[args.op]
         # The backend path: the same torch.distributed calls, on a process group run by ringcomm.
@@ -172,7 +194,8 @@ def worker(rank, world, args, init_method):
         if args.plot:
             harness.write_plot(args.plot, records, f"{world} ranks, {device.type}, "
                                                    f"{args.datatype}")
-    comm.close()
+    for comm in comms.values():
+        comm.close()
     dist.destroy_process_group()
 
 

@@ -129,6 +129,9 @@ PYBIND11_MODULE(_C, m) {
   for (const RedOpInfo& row : kRedOps) redOps.value(row.name, row.op);
   py::enum_<Primitive> primitives(m, "Primitive");
   for (const PrimitiveInfo& row : kPrimitives) primitives.value(row.name, row.primitive);
+  py::enum_<Algorithm> algorithms(m, "Algorithm");
+  for (Algorithm a : {Algorithm::Ring, Algorithm::OneShot, Algorithm::Auto})
+    algorithms.value(algorithmName(a), a);
   py::list planned;  // the collectives the schedule covers, in enum order
   for (const PrimitiveInfo& row : kPrimitives)
     if (row.planned) planned.append(row.primitive);
@@ -226,12 +229,14 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "all_reduce",
           [](Comm& c, uintptr_t data, size_t n, DataType t, RedOp op, std::optional<DataType> wire,
-             float scale, uintptr_t stream) {
-            c.allReduce(address(data), n, t, op, wire.value_or(t), scale, stream);
+             float scale, uintptr_t stream, Algorithm algorithm) {
+            c.allReduce(address(data), n, t, op, wire.value_or(t), scale, stream, algorithm);
           },
           py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("op"),
           py::arg("wire_dtype") = py::none(), py::arg("scale") = 1.0f, py::arg("stream") = 0,
-          release)
+          py::arg("algorithm") = Algorithm::Ring, release)
+      .def("choose_all_reduce", &Comm::chooseAllReduce, py::arg("algorithm"), py::arg("count"),
+           py::arg("dtype"), py::arg("wire_dtype"))
       .def(
           "reduce_scatter",
           [](Comm& c, uintptr_t out, uintptr_t in, size_t n, DataType t, RedOp op,

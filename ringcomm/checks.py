@@ -3,8 +3,10 @@ so a bad call on one rank leaves every buffer untouched and the ring in step."""
 import numpy as np
 import torch
 
+from . import _C
 from .buffers import as_buffer
 from .ops import to_c_op
+from .options import check_algorithm
 
 
 def writable(array, what):
@@ -17,6 +19,11 @@ def writable(array, what):
 def reduce_op(op):
     """The _C.RedOp for op; whether it suits the dtype is checked once, in C++."""
     return to_c_op(op)
+
+
+def algorithm(name):
+    """The _C.Algorithm for an all_reduce algorithm's name (ringcomm.options.ALGORITHMS)."""
+    return _C.Algorithm.__members__[check_algorithm(name)]
 
 
 def root(rank, name, world_size):

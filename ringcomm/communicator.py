@@ -81,11 +81,13 @@ class Communicator:
 
     # -- collectives ---------------------------------------------------------------------------
 
-    def all_reduce(self, tensor, op="sum", *, async_op=False, wire_dtype=None):
+    def all_reduce(self, tensor, op="sum", *, async_op=False, wire_dtype=None, algorithm=None):
         """Reduces ``tensor`` over all ranks in place; every rank gets the same result.
 
         ``wire_dtype`` (torch.bfloat16 or torch.float16, for float32 tensors) sends 16-bit
         messages while each hop still adds in float32 and the result stays float32.
+        ``algorithm`` ("ring", "one_shot" or "auto"; default ``comm.options.algorithm``) must be
+        the same on every rank; see :mod:`ringcomm.options`.
         ``async_op=True`` returns a :class:`ringcomm.work.Work` (every collective takes it).
 
         Example::
@@ -94,7 +96,7 @@ class Communicator:
         """
         buf = checks.writable(tensor, "tensor")
         c_op = checks.reduce_op(op)
-        extra = {}
+        extra = {"algorithm": checks.algorithm(algorithm or self.options.algorithm)}
         if wire_dtype is not None and as_c_dtype(wire_dtype) != buf.c_dtype:
             extra["wire_dtype"] = as_c_dtype(wire_dtype)
         self._precheck("all_reduce", buf, c_op, 0, buf, extra.get("wire_dtype"))

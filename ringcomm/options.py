@@ -7,7 +7,7 @@ to the backends; nothing reads the environment at import time.
 | field | environment | default |
 |---|---|---|
 | timeout | - | ``torch.distributed.default_pg_timeout`` |
-| algorithm | RINGCOMM_ALGO | ``"ring"`` (the only one so far) |
+| algorithm | RINGCOMM_ALGO | ``"ring"``; ``"one_shot"`` or ``"auto"`` (all_reduce) |
 | slice_bytes | - | the CPU transport's slot size; ``cuda_slice_bytes`` on CUDA |
 | cuda_slice_bytes | RINGCOMM_CUDA_SLICE_BYTES | 4 MiB |
 | slot_bytes | RINGCOMM_SHM_SLOT_BYTES | 64 KiB, 32 KiB when ranks outnumber the host's cores |
@@ -24,7 +24,16 @@ import os
 
 from .rendezvous import timeout_seconds
 
-ALGORITHMS = ("ring",)
+# all_reduce algorithms (csrc Algorithm): "one_shot" sends every rank's whole input to every rank
+# over shared memory and reduces in rank order (fewest hops: small messages); "auto" picks
+# one_shot up to one slot (slot_bytes) per rank where it runs, else the ring.
+ALGORITHMS = ("ring", "one_shot", "auto")
+
+
+def check_algorithm(name):
+    if name not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {name!r}; one of {ALGORITHMS}")
+    return name
 
 
 def _flag(*on):
@@ -97,7 +106,6 @@ class CommOptions:
         for field, default in defaults.items():
             if values[field] is None:
                 values[field] = default
-        if values["algorithm"] not in ALGORITHMS:
-            raise ValueError(f"unknown algorithm {values['algorithm']!r}; one of {ALGORITHMS}")
+        check_algorithm(values["algorithm"])
         values["debug"], values["check_finite"] = bool(values["debug"]), bool(values["check_finite"])
         return dataclasses.replace(self, timeout=timeout_seconds(self.timeout), **values)

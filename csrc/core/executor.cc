@@ -38,7 +38,7 @@ void Executor::run(const Collective& c) {
 
   Envelope envelope = collectiveHeader(c.plan.request.primitive, c.plan.request.count,
                                        c.spec.type, c.spec.op, c.plan.request.root,
-                                       c.spec.wireType);
+                                       c.spec.wireType, c.plan.request.algorithm);
   envelope.sequence = c.sequence;
 
   const size_t columns = columnCount(c.plan, sliceElems);

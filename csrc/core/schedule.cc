@@ -186,11 +186,16 @@ Plan makePlan(const PlanRequest& request) {
   RC_CHECK(request.root >= 0 && request.root < n, "root rank ", request.root,
            " is outside the world of ", n, " ranks");
 
+  const bool oneShot = request.algorithm == Algorithm::OneShot;
+  RC_CHECK(request.algorithm != Algorithm::Auto, "choose an algorithm before planning");
+  RC_CHECK(!oneShot || request.primitive == Primitive::AllReduce, "one_shot plans all_reduce only, not ",
+           primitiveName(request.primitive));
+
   Plan plan;
   plan.request = request;
   const bool chunked = request.primitive != Primitive::Broadcast &&
                        request.primitive != Primitive::Reduce;
-  const bool balanced = request.primitive == Primitive::AllReduce;
+  const bool balanced = request.primitive == Primitive::AllReduce && !oneShot;
   plan.bufferCount = chunked && !balanced ? request.count * n : request.count;
   if (chunked) {
     for (int i = 0; i < n; ++i)
@@ -204,6 +209,10 @@ Plan makePlan(const PlanRequest& request) {
   PlanBuilder builder(plan);
   switch (request.primitive) {
     case Primitive::AllReduce:
+      if (oneShot) {  // move every input everywhere; the reduction is local (Algorithm)
+        builder.allGather(/*sendOwn=*/true);
+        break;
+      }
       builder.reduceScatter(/*forwardLast=*/true);
       builder.allGather(/*sendOwn=*/false);
       break;

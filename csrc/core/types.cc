@@ -39,6 +39,15 @@ const char* primitiveName(Primitive primitive) {
   return row ? row->name : "unknown";
 }
 
+const char* algorithmName(Algorithm algorithm) {
+  switch (algorithm) {
+    case Algorithm::Ring: return "ring";
+    case Algorithm::OneShot: return "one_shot";
+    case Algorithm::Auto: return "auto";
+  }
+  return "unknown";
+}
+
 bool isFloatingPoint(DataType type) {
   const DataTypeInfo* row = rowOf(kDataTypes, type);
   return row != nullptr && row->kind == TypeClass::Floating;
@@ -63,8 +72,9 @@ bool opSupported(RedOp op, DataType type, std::string* why) {
 }
 
 Envelope collectiveHeader(Primitive primitive, uint64_t count, DataType type, RedOp op, int root,
-                          DataType wireType) {
+                          DataType wireType, Algorithm algorithm) {
   Envelope e;
+  e.algorithm = static_cast<int32_t>(algorithm);
   e.primitive = static_cast<int32_t>(primitive);
   e.dataType = static_cast<int32_t>(type);
   e.op = static_cast<int32_t>(op);
@@ -85,8 +95,11 @@ std::string headerFields(const Envelope& e) {
   const auto primitive = static_cast<Primitive>(e.primitive);
   if (primitive == Primitive::SendRecv || primitive == Primitive::AllToAll)  // no op; root: tag
     return detail::concat("count ", e.count, ", ", type, ", tag ", e.root);
+  std::string algorithm;
+  if (e.algorithm != static_cast<int32_t>(Algorithm::Ring))
+    algorithm = detail::concat(", ", algorithmName(static_cast<Algorithm>(e.algorithm)));
   return detail::concat("count ", e.count, ", ", type, wire, ", ",
-                        redOpName(static_cast<RedOp>(e.op)), ", root ", e.root);
+                        redOpName(static_cast<RedOp>(e.op)), ", root ", e.root, algorithm);
 }
 
 }  // namespace

@@ -45,8 +45,14 @@ class Communicator {
   // `wireType` is what travels between ranks: float16 or bfloat16 under float32 data halves the
   // bytes while every hop still adds in float32. `scale` multiplies the result (floating types,
   // on reducers that scale: DDP's pre-divided sums).
+  // `algorithm`: Ring, OneShot, or Auto (one_shot up to one transport message where it applies,
+  // else the ring; see chooseAllReduce). Every rank must pass the same.
   void allReduce(void* data, size_t count, DataType type, RedOp op, DataType wireType,
-                 float scale = 1.0f, uintptr_t stream = 0);
+                 float scale = 1.0f, uintptr_t stream = 0, Algorithm algorithm = Algorithm::Ring);
+  // The algorithm an all_reduce of `count` elements runs with; depends only on what every rank
+  // shares (the request, size, wire type, world size and transport), so all ranks agree.
+  Algorithm chooseAllReduce(Algorithm requested, size_t count, DataType type,
+                            DataType wireType) const;
   void reduceScatter(void* output, const void* input, size_t outputCount, DataType type,
                      RedOp op, uintptr_t stream = 0);
   void allGather(void* output, const void* input, size_t inputCount, DataType type,
@@ -88,6 +94,8 @@ class Communicator {
   void collective(uintptr_t stream, const std::function<void()>& body);
   // Runs the plan (inside collective()).
   void execute(const Collective& collective);
+  // OneShot all_reduce: gather every input (plan), then reduce them in rank order.
+  void oneShotAllReduce(Collective& c, void* data, size_t count);
   Transport& peerLinks();
   // begin(stream), body, end() on the peer links; on failure aborts every transport.
   void overLinks(uintptr_t stream, const std::function<void()>& body);
@@ -105,6 +113,7 @@ class Communicator {
   bool closed_ = false;
   std::string failure_;
   std::shared_ptr<Transport> links_;
+  std::vector<char> gathered_;  // one_shot all_reduce: every rank's input, in rank order
   std::vector<uint64_t> sent_, received_;  // messages per peer: their envelopes' sequence
 };
 

@@ -50,6 +50,9 @@ struct PlanRequest {
   // first element in the caller's buffer and in a transport slot has the same 16-byte
   // alignment and kernels take their vector path; see chunkAlignment().
   size_t alignElems = 1;
+  // Ring, or OneShot for all_reduce: the plan then gathers every rank's whole input (chunk r,
+  // `count` elements at r * count) and the caller reduces them (see Algorithm).
+  Algorithm algorithm = Algorithm::Ring;
 };
 
 struct Plan {

@@ -19,6 +19,7 @@ struct Envelope {
   int32_t op = 0;
   int32_t root = 0;
   int32_t wireType = 0;
+  int32_t algorithm = 0;  // Algorithm: ranks that chose differently must not pair up
   uint64_t count = 0;
   uint64_t bytes = 0;   // payload of this message
   uint64_t offset = 0;  // first element it carries, in the plan's logical buffer
@@ -26,7 +27,7 @@ struct Envelope {
   bool operator==(const Envelope& other) const {
     return sequence == other.sequence && primitive == other.primitive &&
            dataType == other.dataType && op == other.op && root == other.root &&
-           wireType == other.wireType && count == other.count && bytes == other.bytes &&
+           wireType == other.wireType && algorithm == other.algorithm && count == other.count && bytes == other.bytes &&
            offset == other.offset;
   }
 };

@@ -46,6 +46,17 @@ enum class Primitive : int32_t {
   SendRecv,
 };
 
+// How a collective moves its data. Ring: the schedule of schedule.h. OneShot (all_reduce on a
+// transport that forwards in place): every rank's whole input goes to every rank (an allgather
+// whose payloads are read where they were written), then each rank reduces them locally in rank
+// order 0..N-1, so every rank computes the same bits. Auto is a request, not a plan: the
+// communicator picks one from what every rank shares (size, world size, transport).
+enum class Algorithm : int32_t {
+  Ring = 0,
+  OneShot,
+  Auto,
+};
+
 enum class TypeClass { Floating, Integer, Bool };
 
 struct DataTypeInfo {
@@ -118,6 +129,7 @@ size_t dataTypeSize(DataType type);
 const char* dataTypeName(DataType type);
 const char* redOpName(RedOp op);
 const char* primitiveName(Primitive primitive);
+const char* algorithmName(Algorithm algorithm);
 
 bool isFloatingPoint(DataType type);
 
@@ -125,7 +137,7 @@ struct Envelope;  // transport.h
 // The header every message of one collective carries (sequence, bytes and offset left 0): the
 // executor's and the debug-mode descriptor's single source.
 Envelope collectiveHeader(Primitive primitive, uint64_t count, DataType type, RedOp op, int root,
-                          DataType wireType);
+                          DataType wireType, Algorithm algorithm = Algorithm::Ring);
 // "all_reduce (count 1000, float32, sum, root 0)": the collective an envelope belongs to.
 std::string describeCollective(const Envelope& envelope);
 // Whether `op` is defined for `type` (kRedOps); when not, `why` says so in a sentence.
