@@ -5,7 +5,6 @@ import torch
 
 from . import _C
 from .buffers import as_buffer
-from .ops import to_c_op
 from .options import check_algorithm
 
 
@@ -16,14 +15,12 @@ def writable(array, what):
     return buf
 
 
-def reduce_op(op):
-    """The _C.RedOp for op; whether it suits the dtype is checked once, in C++."""
-    return to_c_op(op)
+_ALGORITHMS = dict(_C.Algorithm.__members__)  # pybind builds __members__ anew on each read
 
 
 def algorithm(name):
     """The _C.Algorithm for an all_reduce algorithm's name (ringcomm.options.ALGORITHMS)."""
-    return _C.Algorithm.__members__[check_algorithm(name)]
+    return _ALGORITHMS[check_algorithm(name)]
 
 
 def root(rank, name, world_size):

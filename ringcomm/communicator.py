@@ -7,6 +7,7 @@ import torch
 from . import _C, checks, cpu_backend, cuda_backend, work
 from .buffers import as_buffer, as_c_dtype
 from .options import CommOptions
+from .ops import to_c_op
 from .rendezvous import Rendezvous
 
 _P = _C.Primitive
@@ -61,6 +62,8 @@ class Communicator:
         self._backends = {}
         self._lock = threading.Lock()
         self._worker = None  # runs async_op collectives on CPU, in order
+        self._links = None  # point-to-point links, set up on first use
+        self._algorithm = checks.algorithm(self.options.algorithm)
         self._last = None
         self._closed = False
         if not cuda_backend.available():
@@ -95,8 +98,8 @@ class Communicator:
             comm.all_reduce(grad, op="avg", wire_dtype=torch.bfloat16)
         """
         buf = checks.writable(tensor, "tensor")
-        c_op = checks.reduce_op(op)
-        extra = {"algorithm": checks.algorithm(algorithm or self.options.algorithm)}
+        c_op = to_c_op(op)
+        extra = {"algorithm": checks.algorithm(algorithm) if algorithm else self._algorithm}
         if wire_dtype is not None and as_c_dtype(wire_dtype) != buf.c_dtype:
             extra["wire_dtype"] = as_c_dtype(wire_dtype)
         self._precheck("all_reduce", buf, c_op, 0, buf, extra.get("wire_dtype"))
@@ -114,7 +117,7 @@ class Communicator:
         checks.same_kind(out, inp)
         checks.sizes(inp.numel, out.numel * self.world_size, "input", "world_size x output")
         checks.aliasing(out, inp, inp.element_address(self.rank * out.numel))
-        c_op = checks.reduce_op(op)
+        c_op = to_c_op(op)
         self._precheck("reduce_scatter", out, c_op, 0, inp)
         return self._run(out, "reduce_scatter", (out.address, inp.address, out.numel, out.c_dtype, c_op),
                          output, async_op)
@@ -155,7 +158,7 @@ class Communicator:
         """
         buf = checks.writable(tensor, "tensor")
         checks.root(dst, "dst", self.world_size)
-        c_op = checks.reduce_op(op)
+        c_op = to_c_op(op)
         self._precheck("reduce", buf, c_op, dst, buf)
         return self._run(buf, "reduce", (buf.address, buf.numel, buf.c_dtype, c_op, dst), tensor,
                          async_op)
@@ -223,7 +226,7 @@ class Communicator:
             self._worker = None
         with self._lock:
             self._closed = True
-            if getattr(self, "_links", None) is not None:  # before the ring goes: see PeerLinks
+            if self._links is not None:  # before the ring goes: see PeerLinks
                 cpu = self._backends.get(("cpu", -1))
                 self._links.close(failed=cpu is None or bool(cpu.failure))
             for comm in self._backends.values():
@@ -394,7 +397,7 @@ class Communicator:
         """The CPU ring's communicator, with its point-to-point links set up on first use."""
         with self._lock:
             comm = self._backend("cpu", -1)
-            links = getattr(self, "_links", None)
+            links = self._links
             if links is None:
                 from .peer_links import PeerLinks
 

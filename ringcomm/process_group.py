@@ -141,11 +141,10 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         # The hot path (one contiguous CPU tensor of a supported dtype) goes straight into the
         # C++ ring with nothing allocated on the way; the rest takes the checked route.
         op = _op(opts, "all_reduce")
-        ring = self._cpu_ring or self._cpu()
         for t in tensors:
             c_dtype = _DTYPES.get(t.dtype)
             if c_dtype is not None and t.is_cpu and t.is_contiguous():
-                ring.all_reduce(t.data_ptr(), t.numel(), c_dtype, op)
+                self._cpu().all_reduce(t.data_ptr(), t.numel(), c_dtype, op)
             else:
                 with _Contiguous(t) as c:
                     self.communicator.all_reduce(c, op.name)

@@ -96,11 +96,7 @@ def _collect(procs, results, world_size, allow_exit, timeout):
             failures.append((rank, value))
     for p in procs:
         p.join(timeout=max(1.0, deadline - time.monotonic()))
-    hung = [r for r, p in enumerate(procs) if p.is_alive()]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join()
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]  # launch() kills them on return
     if failures:
         rank, trace = sorted(failures)[0]
         raise WorkerError(f"rank {rank} of {world_size} failed:\n{trace}")

@@ -56,10 +56,15 @@ void Communicator::prepare(Collective& c, RedOp op, DataType type, DataType wire
 }
 
 void Communicator::collective(uintptr_t stream, const std::function<void()>& body) {
+  bracket(*transport_, stream, body);
+}
+
+void Communicator::bracket(Transport& transport, uintptr_t stream,
+                           const std::function<void()>& body) {
   try {
-    transport_->begin(stream);
+    transport.begin(stream);
     body();
-    transport_->end();
+    transport.end();
   } catch (const Error& e) {
     failed(e.what());
     throw;

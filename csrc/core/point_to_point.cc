@@ -69,15 +69,7 @@ void Communicator::failed(const std::string& why) {
 }
 
 void Communicator::overLinks(uintptr_t stream, const std::function<void()>& body) {
-  Transport& links = peerLinks();
-  try {
-    links.begin(stream);
-    body();
-    links.end();
-  } catch (const Error& e) {
-    failed(e.what());
-    throw;
-  }
+  bracket(peerLinks(), stream, body);
 }
 
 void Communicator::exchange(PairMessage* out, PairMessage* in) {

@@ -92,6 +92,8 @@ class Communicator {
                float scale = 1.0f);
   // begin(stream), body, end(); on failure records it and aborts the transport.
   void collective(uintptr_t stream, const std::function<void()>& body);
+  // begin(stream), body, end() on `transport`; on failure records it and aborts every transport.
+  void bracket(Transport& transport, uintptr_t stream, const std::function<void()>& body);
   // Runs the plan (inside collective()).
   void execute(const Collective& collective);
   // OneShot all_reduce: gather every input (plan), then reduce them in rank order.
