@@ -13,4 +13,16 @@ void Transport::recvInto(int, void*, const Envelope& expected) {
   RC_THROW("this transport cannot receive into user buffers (", describeEnvelope(expected), ")");
 }
 
+void* Transport::acquirePublish(int phase, size_t bytes) {
+  RC_THROW("this transport has no publications (phase ", phase, ", ", bytes, " bytes)");
+}
+
+void Transport::commitPublish(int, const Envelope& envelope) {
+  RC_THROW("this transport has no publications (", describeEnvelope(envelope), ")");
+}
+
+const void* Transport::acquirePublished(int peer, int, const Envelope& expected) {
+  RC_THROW("this transport has no publications (rank ", peer, ", ", describeEnvelope(expected), ")");
+}
+
 }  // namespace ringcomm

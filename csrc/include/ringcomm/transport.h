@@ -79,6 +79,23 @@ class Transport {
   virtual void sendFrom(int peer, const void* src, const Envelope& envelope);
   // Receives the next message from `peer` straight into `dst`.
   virtual void recvInto(int peer, void* dst, const Envelope& expected);
+
+  // Publications: what the one-hop algorithms (one_shot, two_shot; see Algorithm) run on instead
+  // of ring messages. In one round every rank publishes up to publishBytes() per phase (0, then
+  // 1), and every rank reads every rank's publication of a phase (its own included) whole.
+  // Shared memory reads them in place, where they were written; a message-passing transport
+  // (NCCL) exchanges them with every peer in one group. A publication stays readable until the
+  // rank that wrote it publishes that phase again two rounds later: every round reads every
+  // rank's phase 0, so by then all ranks have moved on (double buffering, no extra barrier).
+  // Largest publication per rank and phase; 0: this transport has none.
+  virtual size_t publishBytes() const { return 0; }
+  // Room for this rank's publication of `phase` in the round that starts with phase 0's.
+  virtual void* acquirePublish(int phase, size_t bytes);
+  // Makes it readable by every rank; `envelope` describes it (range, size, collective).
+  virtual void commitPublish(int phase, const Envelope& envelope);
+  // `peer`'s publication of `phase` in this round (waits, with the timeout, for it), which must
+  // match `expected`, else MismatchError. Valid until this rank's next commitPublish(0).
+  virtual const void* acquirePublished(int peer, int phase, const Envelope& expected);
 };
 
 }  // namespace ringcomm
