@@ -71,6 +71,10 @@ py::dict planToDict(const Plan& plan) {
     py::dict row;
     row["recv_from"] = step.recvFrom;
     row["send_to"] = step.sendTo;
+    row["read_from"] = step.readFrom;
+    row["read_phase"] = step.readPhase;
+    row["published_chunk"] = step.publishedChunk;
+    row["publish_phase"] = step.publishPhase;
     row["chunk"] = step.chunk;
     row["offset"] = step.range.offset;
     row["count"] = step.range.count;
@@ -88,10 +92,11 @@ py::dict planToDict(const Plan& plan) {
 }
 
 ShmOptions shmOptions(size_t slotBytes, uint32_t slotCount, double timeout, int spins,
-                      int yieldMicros) {
+                      int yieldMicros, size_t publishBytes = 0) {
   ShmOptions options;
   options.slotBytes = slotBytes;
   options.slotCount = slotCount;
+  if (publishBytes > 0) options.publishBytes = publishBytes;
   options.wait.timeoutSeconds = timeout;
   options.wait.spins = spins;
   options.wait.yieldMicros = yieldMicros;
@@ -130,8 +135,15 @@ PYBIND11_MODULE(_C, m) {
   py::enum_<Primitive> primitives(m, "Primitive");
   for (const PrimitiveInfo& row : kPrimitives) primitives.value(row.name, row.primitive);
   py::enum_<Algorithm> algorithms(m, "Algorithm");
-  for (Algorithm a : {Algorithm::Ring, Algorithm::OneShot, Algorithm::Auto})
-    algorithms.value(algorithmName(a), a);
+  py::dict algorithmPrimitives;  // name -> the collectives it plans (auto: accepts)
+  for (const AlgorithmInfo& row : kAlgorithms) {
+    algorithms.value(row.name, row.algorithm);
+    py::list plans;
+    for (const PrimitiveInfo& primitive : kPrimitives)
+      if (algorithmPlans(row.algorithm, primitive.primitive)) plans.append(primitive.name);
+    algorithmPrimitives[row.name] = plans;
+  }
+  m.attr("ALGORITHM_PRIMITIVES") = algorithmPrimitives;
   py::list planned;  // the collectives the schedule covers, in enum order
   for (const PrimitiveInfo& row : kPrimitives)
     if (row.planned) planned.append(row.primitive);
@@ -166,14 +178,15 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "make_plan",
       [](Primitive primitive, int rank, int worldSize, size_t count, int root,
-         std::optional<DataType> type, std::optional<DataType> wire) {
+         std::optional<DataType> type, std::optional<DataType> wire, Algorithm algorithm) {
         // With a dtype, the plan the communicator runs (chunks aligned for that dtype);
         // without, the unaligned split.
         size_t align = type ? chunkAlignment(*type, wire.value_or(*type)) : 1;
-        return planToDict(makePlan({primitive, rank, worldSize, count, root, align}));
+        return planToDict(makePlan({primitive, rank, worldSize, count, root, align, algorithm}));
       },
       py::arg("primitive"), py::arg("rank"), py::arg("world_size"), py::arg("count"),
-      py::arg("root") = 0, py::arg("dtype") = py::none(), py::arg("wire_dtype") = py::none());
+      py::arg("root") = 0, py::arg("dtype") = py::none(), py::arg("wire_dtype") = py::none(),
+      py::arg("algorithm") = Algorithm::Ring);
   py::class_<Transport, std::shared_ptr<Transport>>(m, "Transport")
       .def("abort", &Transport::abort)
       .def_property_readonly("max_message_bytes", &Transport::maxMessageBytes);
@@ -182,12 +195,14 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<ShmTransport, Transport, std::shared_ptr<ShmTransport>>(m, "ShmTransport")
       .def(py::init([](int rank, int worldSize, size_t slotBytes, uint32_t slotCount,
-                       double timeout, int spins, int yieldMicros) {
+                       double timeout, int spins, int yieldMicros, size_t publishBytes) {
              return std::make_shared<ShmTransport>(
-                 rank, worldSize, shmOptions(slotBytes, slotCount, timeout, spins, yieldMicros));
+                 rank, worldSize,
+                 shmOptions(slotBytes, slotCount, timeout, spins, yieldMicros, publishBytes));
            }),
            py::arg("rank"), py::arg("world_size"), py::arg("slot_bytes"), py::arg("slot_count"),
-           py::arg("timeout"), py::arg("spins"), py::arg("yield_micros") = 2000)
+           py::arg("timeout"), py::arg("spins"), py::arg("yield_micros") = 2000,
+           py::arg("publish_bytes") = 0)
       .def_property_readonly("channel_name", &ShmTransport::channelName)
       .def("connect", &ShmTransport::connect, py::arg("names"),
            py::call_guard<py::gil_scoped_release>())
@@ -214,12 +229,18 @@ PYBIND11_MODULE(_C, m) {
   auto release = py::call_guard<py::gil_scoped_release>();
   py::class_<Comm, std::shared_ptr<Comm>>(m, "Communicator")
       .def(py::init([](int rank, int worldSize, std::shared_ptr<Transport> transport,
-                       std::shared_ptr<Reducer> reducer, size_t sliceBytes) {
+                       std::shared_ptr<Reducer> reducer, size_t sliceBytes,
+                       std::optional<size_t> oneShotMaxBytes,
+                       std::optional<size_t> twoShotMaxBytes) {
+             CommunicatorOptions options{sliceBytes, {}};
+             if (oneShotMaxBytes) options.thresholds.oneShotMaxBytes = *oneShotMaxBytes;
+             if (twoShotMaxBytes) options.thresholds.twoShotMaxBytes = *twoShotMaxBytes;
              return std::make_shared<Comm>(rank, worldSize, std::move(transport),
-                                           std::move(reducer), CommunicatorOptions{sliceBytes});
+                                           std::move(reducer), options);
            }),
            py::arg("rank"), py::arg("world_size"), py::arg("transport"), py::arg("reducer"),
-           py::arg("slice_bytes"))
+           py::arg("slice_bytes"), py::arg("one_shot_max_bytes") = py::none(),
+           py::arg("two_shot_max_bytes") = py::none())
       .def_property_readonly("rank", &Comm::rank)
       .def_property_readonly("world_size", &Comm::worldSize)
       .def_property_readonly("sequence", &Comm::sequence)
@@ -235,21 +256,23 @@ PYBIND11_MODULE(_C, m) {
           py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("op"),
           py::arg("wire_dtype") = py::none(), py::arg("scale") = 1.0f, py::arg("stream") = 0,
           py::arg("algorithm") = Algorithm::Ring, release)
-      .def("choose_all_reduce", &Comm::chooseAllReduce, py::arg("algorithm"), py::arg("count"),
-           py::arg("dtype"), py::arg("wire_dtype"))
+      .def("resolve_algorithm", &Comm::resolveAlgorithm, py::arg("algorithm"),
+           py::arg("primitive"), py::arg("bytes"),
+           "The algorithm a collective of `bytes` runs with when `algorithm` is asked for")
       .def(
           "reduce_scatter",
           [](Comm& c, uintptr_t out, uintptr_t in, size_t n, DataType t, RedOp op,
-             uintptr_t stream) { c.reduceScatter(address(out), address(in), n, t, op, stream); },
+             uintptr_t stream, Algorithm algorithm) {
+            c.reduceScatter(address(out), address(in), n, t, op, stream, algorithm);
+          },
           py::arg("output"), py::arg("input"), py::arg("count"), py::arg("dtype"), py::arg("op"),
-          py::arg("stream") = 0, release)
+          py::arg("stream") = 0, py::arg("algorithm") = Algorithm::Ring, release)
       .def(
           "all_gather",
-          [](Comm& c, uintptr_t out, uintptr_t in, size_t n, DataType t, uintptr_t stream) {
-            c.allGather(address(out), address(in), n, t, stream);
-          },
+          [](Comm& c, uintptr_t out, uintptr_t in, size_t n, DataType t, uintptr_t stream,
+             Algorithm algorithm) { c.allGather(address(out), address(in), n, t, stream, algorithm); },
           py::arg("output"), py::arg("input"), py::arg("count"), py::arg("dtype"),
-          py::arg("stream") = 0, release)
+          py::arg("stream") = 0, py::arg("algorithm") = Algorithm::Ring, release)
       .def(
           "broadcast",
           [](Comm& c, uintptr_t data, size_t n, DataType t, int src, uintptr_t stream) {

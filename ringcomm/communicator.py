@@ -6,7 +6,7 @@ import torch
 
 from . import _C, checks, cpu_backend, cuda_backend, work
 from .buffers import as_buffer, as_c_dtype
-from .options import CommOptions
+from .options import CommOptions, algorithm_for
 from .ops import to_c_op
 from .rendezvous import Rendezvous
 
@@ -64,6 +64,8 @@ class Communicator:
         self._worker = None  # runs async_op collectives on CPU, in order
         self._links = None  # point-to-point links, set up on first use
         self._algorithm = checks.algorithm(self.options.algorithm)
+        self._algorithms = {name: checks.algorithm(algorithm_for(self.options.algorithm, name))
+                            for name in ("reduce_scatter", "all_gather")}
         self._last = None
         self._closed = False
         if not cuda_backend.available():
@@ -89,8 +91,8 @@ class Communicator:
 
         ``wire_dtype`` (torch.bfloat16 or torch.float16, for float32 tensors) sends 16-bit
         messages while each hop still adds in float32 and the result stays float32.
-        ``algorithm`` ("ring", "one_shot" or "auto"; default ``comm.options.algorithm``) must be
-        the same on every rank; see :mod:`ringcomm.options`.
+        ``algorithm`` ("ring", "one_shot", "two_shot" or "auto"; default
+        ``comm.options.algorithm``) must be the same on every rank; see :mod:`ringcomm.options`.
         ``async_op=True`` returns a :class:`ringcomm.work.Work` (every collective takes it).
 
         Example::
@@ -106,8 +108,11 @@ class Communicator:
         return self._run(buf, "all_reduce", (buf.address, buf.numel, buf.c_dtype, c_op), tensor,
                          async_op, **extra)
 
-    def reduce_scatter(self, output, input, op="sum", *, async_op=False):
+    def reduce_scatter(self, output, input, op="sum", *, async_op=False, algorithm=None):
         """Reduces ``input`` (world_size x output.numel() elements) over ranks; rank r gets block r.
+
+        ``algorithm``: "ring", "one_shot" or "auto", the same on every rank (default: the
+        option's where it runs reduce_scatter, else "ring").
 
         Example::
 
@@ -119,11 +124,15 @@ class Communicator:
         checks.aliasing(out, inp, inp.element_address(self.rank * out.numel))
         c_op = to_c_op(op)
         self._precheck("reduce_scatter", out, c_op, 0, inp)
+        c_algorithm = checks.algorithm(algorithm) if algorithm else self._algorithms["reduce_scatter"]
         return self._run(out, "reduce_scatter", (out.address, inp.address, out.numel, out.c_dtype, c_op),
-                         output, async_op)
+                         output, async_op, algorithm=c_algorithm)
 
-    def all_gather(self, output, input, *, async_op=False):
+    def all_gather(self, output, input, *, async_op=False, algorithm=None):
         """Concatenates every rank's ``input`` into ``output`` (world_size x input.numel()).
+
+        ``algorithm``: "ring", "one_shot" or "auto", the same on every rank (default: the
+        option's where it runs all_gather, else "ring").
 
         Example::
 
@@ -134,8 +143,9 @@ class Communicator:
         checks.sizes(out.numel, inp.numel * self.world_size, "output", "world_size x input")
         checks.aliasing(out, inp, out.element_address(self.rank * inp.numel), inp_inside_out=True)
         self._precheck("all_gather", inp, None, 0, inp)
+        c_algorithm = checks.algorithm(algorithm) if algorithm else self._algorithms["all_gather"]
         return self._run(out, "all_gather", (out.address, inp.address, inp.numel, out.c_dtype),
-                         output, async_op)
+                         output, async_op, algorithm=c_algorithm)
 
     def broadcast(self, tensor, src=0, *, async_op=False):
         """Copies rank ``src``'s ``tensor`` into ``tensor`` on every rank.

@@ -7,14 +7,18 @@ def create(rendezvous, options):
     the group calls this together."""
     rank, size = rendezvous.rank, rendezvous.world_size
     transport = _C.ShmTransport(rank, size, options.slot_bytes, options.slot_count,
-                                options.timeout, options.spins, options.yield_us)
+                                options.timeout, options.spins, options.yield_us,
+                                options.publish_bytes)
     if size > 1:
         rendezvous.publish("shm", transport.channel_name)
-        # Every rank maps every channel: allgather and broadcast forward messages by reference.
+        # Every rank maps every channel and publication board: allgather and broadcast forward
+        # messages by reference, one-hop algorithms read publications where they were written.
         transport.connect([rendezvous.read("shm", r).decode() for r in range(size)])
         rendezvous.barrier("shm-attached")
         # Every rank has them mapped: after this, /dev/shm holds nothing of ours, whatever
         # happens to any process.
         transport.unlink_names()
     return _C.Communicator(rank, size, transport, _C.CpuReducer(),
-                           options.slice_bytes or options.slot_bytes)
+                           options.slice_bytes or options.slot_bytes,
+                           one_shot_max_bytes=options.one_shot_max_bytes,
+                           two_shot_max_bytes=options.two_shot_max_bytes)

@@ -7,7 +7,10 @@ to the backends; nothing reads the environment at import time.
 | field | environment | default |
 |---|---|---|
 | timeout | - | ``torch.distributed.default_pg_timeout`` |
-| algorithm | RINGCOMM_ALGO | ``"ring"``; ``"one_shot"`` or ``"auto"`` (all_reduce) |
+| algorithm | RINGCOMM_ALGORITHM | ``"ring"``; or ``"one_shot"``, ``"two_shot"``, ``"auto"`` (ALGORITHMS) |
+| one_shot_max_bytes | RINGCOMM_ONE_SHOT_MAX_BYTES | 32 KiB: ``auto`` all_reduce runs one_shot up to here |
+| two_shot_max_bytes | RINGCOMM_TWO_SHOT_MAX_BYTES | 1 MiB: ``auto`` all_reduce runs two_shot up to here, reduce_scatter and all_gather one_shot |
+| publish_bytes | RINGCOMM_SHM_PUBLISH_BYTES | 256 KiB: CPU publication size per rank and round (one-hop algorithms) |
 | slice_bytes | - | the CPU transport's slot size; ``cuda_slice_bytes`` on CUDA |
 | cuda_slice_bytes | RINGCOMM_CUDA_SLICE_BYTES | 4 MiB |
 | slot_bytes | RINGCOMM_SHM_SLOT_BYTES | 64 KiB, 32 KiB when ranks outnumber the host's cores |
@@ -22,18 +25,32 @@ docs/design.md says how slots and slices were chosen.
 import dataclasses
 import os
 
+from . import _C
 from .rendezvous import timeout_seconds
 
-# all_reduce algorithms (csrc Algorithm): "one_shot" sends every rank's whole input to every rank
-# over shared memory and reduces in rank order (fewest hops: small messages); "auto" picks
-# one_shot up to one slot (slot_bytes) per rank where it runs, else the ring.
-ALGORITHMS = ("ring", "one_shot", "auto")
+# Algorithm names, from the C++ table (kAlgorithms in csrc/include/ringcomm/types.h): "ring";
+# "one_shot" (all_reduce, reduce_scatter, all_gather) and "two_shot" (all_reduce) read every
+# rank's publication in one hop (CPU shared memory); "auto" picks by size (the *_max_bytes
+# thresholds), the same on every rank. ALGORITHM_PRIMITIVES: the collectives each one runs.
+ALGORITHMS = tuple(_C.Algorithm.__members__)
+ALGORITHM_PRIMITIVES = {name: tuple(primitives)
+                        for name, primitives in _C.ALGORITHM_PRIMITIVES.items()}
 
 
-def check_algorithm(name):
+def check_algorithm(name, primitive=None):
+    """`name` if it is an algorithm (that runs `primitive`, when given), else ValueError."""
     if name not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {name!r}; one of {ALGORITHMS}")
+    if primitive is not None and primitive not in ALGORITHM_PRIMITIVES[name]:
+        runs = [a for a in ALGORITHMS if primitive in ALGORITHM_PRIMITIVES[a]]
+        raise ValueError(f"algorithm {name!r} does not run {primitive}; one of {runs}")
     return name
+
+
+def algorithm_for(name, primitive):
+    """The algorithm `primitive` runs by default when the option says `name`: `name` where it
+    runs that collective (two_shot runs all_reduce only), else the ring."""
+    return name if primitive in ALGORITHM_PRIMITIVES[check_algorithm(name)] else "ring"
 
 
 def _flag(*on):
@@ -46,7 +63,10 @@ def _size(text):
 
 # field: (environment variable, parser)
 _ENVIRONMENT = {
-    "algorithm": ("RINGCOMM_ALGO", str.lower),
+    "algorithm": ("RINGCOMM_ALGORITHM", str.lower),
+    "one_shot_max_bytes": ("RINGCOMM_ONE_SHOT_MAX_BYTES", int),
+    "two_shot_max_bytes": ("RINGCOMM_TWO_SHOT_MAX_BYTES", int),
+    "publish_bytes": ("RINGCOMM_SHM_PUBLISH_BYTES", _size),
     "cuda_slice_bytes": ("RINGCOMM_CUDA_SLICE_BYTES", _size),
     "slot_bytes": ("RINGCOMM_SHM_SLOT_BYTES", _size),
     "slot_count": ("RINGCOMM_SHM_SLOTS", _size),
@@ -69,7 +89,11 @@ class CommOptions:
     """
 
     timeout: object = None  # seconds or a datetime.timedelta
-    algorithm: str = None
+    algorithm: str = None  # the default for all_reduce, reduce_scatter and all_gather
+    one_shot_max_bytes: int = None  # auto: the largest all_reduce that runs one_shot
+    two_shot_max_bytes: int = None  # auto: the largest that runs two_shot (all_reduce) or
+    #                                 one_shot (reduce_scatter, all_gather: their input/output)
+    publish_bytes: int = None  # CPU: one publication (per rank and round) of one-hop algorithms
     slice_bytes: int = None  # pipelining granularity on every device
     cuda_slice_bytes: int = None
     slot_bytes: int = None  # CPU: bytes of one shared-memory slot (the largest message)
@@ -94,6 +118,10 @@ class CommOptions:
         crowded = world_size > (os.cpu_count() or 1)  # the host's cores: every rank agrees
         defaults = {
             "algorithm": "ring",
+            # Provisional crossovers (docs/design.md, "Publications and one-hop algorithms").
+            "one_shot_max_bytes": 32 * 1024,
+            "two_shot_max_bytes": 1024 * 1024,
+            "publish_bytes": 256 * 1024,
             "cuda_slice_bytes": 4 << 20,
             "slot_bytes": (32 if crowded else 64) * 1024,
             "slot_count": 8 if crowded else 16,

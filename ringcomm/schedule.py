@@ -1,8 +1,10 @@
-"""The ring schedule as data, and a text view of it (steps down, ranks across)."""
+"""The schedules (ring and one-hop plans) as data, and a text view of them (steps down, ranks
+across)."""
 from dataclasses import dataclass
 
 from . import _C
 from .buffers import as_c_dtype
+from .options import ALGORITHM_PRIMITIVES, check_algorithm
 
 
 @dataclass(frozen=True)
@@ -11,6 +13,10 @@ class Step:
 
     recv_from: int
     send_to: int
+    read_from: int  # one-hop: whose publication of read_phase is read
+    read_phase: int
+    published_chunk: int  # the chunk that publication covers (-1: every chunk)
+    publish_phase: int  # one-hop: the phase the value is published in
     chunk: int
     offset: int
     count: int
@@ -21,13 +27,21 @@ class Step:
 
     def describe(self):
         chunk = "ack" if self.ack else "all" if self.chunk < 0 else f"c{self.chunk}"
-        if self.recv_from < 0:
+        if self.recv_from < 0 and self.read_from < 0:
+            if self.publish_phase >= 0:
+                return f"{chunk} =>p{self.publish_phase}"
             return f"{chunk} ->{self.send_to}"
-        text = f"{chunk} <-{self.recv_from}" + (" +" if self.reduce else "")
+        if self.read_from >= 0:
+            text = f"{chunk} <={self.read_from}:p{self.read_phase}"
+        else:
+            text = f"{chunk} <-{self.recv_from}"
+        text += " +" if self.reduce else ""
         if self.store:
             text += " keep"
         if self.send_to >= 0:
             text += f" ->{self.send_to}"
+        if self.publish_phase >= 0:
+            text += f" =>p{self.publish_phase}"
         return text
 
 
@@ -44,6 +58,7 @@ class Schedule:
     world_size: int
     count: int
     root: int
+    algorithm: str
     chunks: tuple  # (offset, count) per chunk of the logical buffer
     steps: tuple  # steps[rank] = tuple of Step
 
@@ -52,9 +67,12 @@ class Schedule:
         header = f"{self.primitive}: {self.world_size} ranks, count {self.count}"
         if self.primitive in ("broadcast", "reduce", "gather", "scatter"):
             header += f", root {self.root}"
+        if self.algorithm != "ring":
+            header += f", {self.algorithm} (each round of publications runs every step)"
         lines = [header, f"chunks: {chunks}",
                  "legend: cK ->r send chunk K to rank r; <-r receive from r; + reduce; keep store; "
-                 "ack: empty message closing a chain"]
+                 "ack: empty message closing a chain; =>pP publish in phase P; <=r:pP read "
+                 "rank r's publication of phase P"]
         cells = [[s.describe() for s in rank_steps] for rank_steps in self.steps]
         width = max([len("rank 00")] + [len(c) for col in cells for c in col]) + 2
         lines.append("step  " + "".join(f"rank {r}".ljust(width) for r in range(self.world_size)))
@@ -65,8 +83,10 @@ class Schedule:
 
 
 def schedule(primitive="all_reduce", world_size=4, count=None, root=0, dtype="float32",
-             wire_dtype=None):
-    """The plan every rank follows for ``primitive`` (a name as in torch.distributed).
+             wire_dtype=None, algorithm="ring"):
+    """The plan every rank follows for ``primitive`` (a name as in torch.distributed) with
+    ``algorithm`` ("ring", "one_shot", "two_shot": ringcomm.options.ALGORITHM_PRIMITIVES says
+    which runs what).
 
     ``count`` is the tensor's elements for all_reduce, broadcast and reduce, and one rank's block
     for the others (default: one element per rank). ``dtype`` and ``wire_dtype`` (torch dtypes or
@@ -75,6 +95,7 @@ def schedule(primitive="all_reduce", world_size=4, count=None, root=0, dtype="fl
     Example::
 
         >>> print(ringcomm.schedule("reduce_scatter", world_size=4))
+        >>> print(ringcomm.schedule("all_reduce", world_size=3, algorithm="two_shot"))
     """
     planned = {kind.name: kind for kind in _C.PLANNED_PRIMITIVES}
     kind = planned.get(primitive)
@@ -84,10 +105,14 @@ def schedule(primitive="all_reduce", world_size=4, count=None, root=0, dtype="fl
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     if count is None:
         count = world_size if primitive in ("all_reduce", "broadcast", "reduce") else 1
+    if algorithm == "auto" or primitive not in ALGORITHM_PRIMITIVES.get(algorithm, (primitive,)):
+        runs = [a for a, kinds in ALGORITHM_PRIMITIVES.items() if primitive in kinds and a != "auto"]
+        raise ValueError(f"no {algorithm!r} schedule for {primitive!r}; one of {runs}")
+    c_algorithm = _C.Algorithm.__members__[check_algorithm(algorithm)]
     c_dtype = as_c_dtype(dtype)
     c_wire = c_dtype if wire_dtype is None else as_c_dtype(wire_dtype)
-    plans = [_C.make_plan(kind, rank, world_size, count, root, c_dtype, c_wire)
+    plans = [_C.make_plan(kind, rank, world_size, count, root, c_dtype, c_wire, c_algorithm)
              for rank in range(world_size)]
     steps = tuple(tuple(Step(**s) for s in plan["steps"]) for plan in plans)
     chunks = tuple(tuple(c) for c in plans[0]["chunks"])
-    return Schedule(primitive, world_size, count, root, chunks, steps)
+    return Schedule(primitive, world_size, count, root, algorithm, chunks, steps)

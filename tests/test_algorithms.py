@@ -1,5 +1,8 @@
-"""all_reduce algorithms beside the ring (one_shot, auto): exact, bitwise identical across ranks,
-deterministic, and ranks that chose differently fail instead of corrupting."""
+"""Algorithms beside the ring (one_shot, two_shot, auto) on CPU shared memory: exact for every
+algorithm x collective it runs x world size x dtype x op, bitwise identical across ranks and in
+rank order for floats, and ranks that disagree or die fail with a clear error instead of
+hanging."""
+import os
 import time
 
 import pytest
@@ -7,109 +10,228 @@ import torch
 
 import ringcomm
 from launcher import launch
+from ringcomm.options import ALGORITHM_PRIMITIVES
 from sweep import DTYPES, OPS, make_input, op_valid, reduce_reference, wrong
 
-SLOT_BYTES = 256  # small slots: the auto threshold (one slot per rank) is a few dozen elements
+# Small publications, so that a few hundred elements already take several rounds.
+PUBLISH_BYTES = 256
+ONE_HOP = ("one_shot", "two_shot", "auto")
+WIRES = (torch.bfloat16, torch.float16)
 
 
 def counts_for(n, dtype):
-    at_threshold = SLOT_BYTES // dtype.itemsize
-    return sorted({0, 1, n - 1, 7, 13, at_threshold, at_threshold + 1})
+    """0, 1, fewer than ranks, primes, non-multiples of 16 bytes, and several rounds."""
+    round_elems = PUBLISH_BYTES // dtype.itemsize
+    return sorted({0, 1, n - 1, 7, 13, round_elems + 1, 3 * round_elems + 5})
 
 
 def exact_sweep(rank, n):
-    """{(algorithm, dtype, op, count): elements wrong or differing from rank 0}: every case."""
-    comm = ringcomm.Communicator(timeout=60, slot_bytes=SLOT_BYTES)
+    """{case: (elements wrong, result)} for every algorithm x collective x dtype x op x count."""
+    torch.set_num_threads(1)  # forked ranks on a shared host: torch's thread pool only waits
+    comm = ringcomm.Communicator(timeout=60, publish_bytes=PUBLISH_BYTES,
+                                 one_shot_max_bytes=64, two_shot_max_bytes=1024)
     results = {}
-    for algorithm in ("one_shot", "auto"):
-        for dtype in DTYPES:
-            for op in OPS:
-                if not op_valid(op, dtype):
-                    continue
-                for count in counts_for(n, dtype):
+
+    def record(case, actual, expected):
+        results[case] = (wrong(actual, expected), actual.clone())
+
+    def runs(collective):
+        return [a for a in ONE_HOP if collective in ALGORITHM_PRIMITIVES[a]]
+
+    for dtype in DTYPES:
+        for op in [o for o in OPS if op_valid(o, dtype)]:
+            for count in counts_for(n, dtype):
+                want = reduce_reference(n, count, op, dtype)
+                for algorithm in runs("all_reduce"):
                     t = make_input(rank, n, count, op, dtype)
                     comm.all_reduce(t, op, algorithm=algorithm)
-                    results[algorithm, str(dtype), op, count] = (
-                        wrong(t, reduce_reference(n, count, op, dtype)), t)
+                    record((algorithm, "all_reduce", str(dtype), op, count), t, want)
+                # reduce_scatter: input = every rank's block; out-of-place, then in place (the
+                # output is this rank's block of the input).
+                full = make_input(rank, n, count * n, op, dtype)
+                want = reduce_reference(n, count * n, op, dtype)[rank * count:(rank + 1) * count]
+                for algorithm in runs("reduce_scatter"):
+                    out = torch.empty(count, dtype=dtype)
+                    comm.reduce_scatter(out, full.clone(), op, algorithm=algorithm)
+                    record((algorithm, "reduce_scatter", str(dtype), op, count), out, want)
+                    inplace = full.clone()
+                    block = inplace[rank * count:(rank + 1) * count]
+                    comm.reduce_scatter(block, inplace, op, algorithm=algorithm)
+                    record((algorithm, "reduce_scatter in place", str(dtype), op, count), block,
+                           want)
+        for count in counts_for(n, dtype):
+            blocks = [make_input(r, n, count, "sum", dtype, salt=5) for r in range(n)]
+            want = torch.cat(blocks)
+            for algorithm in runs("all_gather"):
+                out = torch.empty(count * n, dtype=dtype)
+                comm.all_gather(out, blocks[rank], algorithm=algorithm)
+                record((algorithm, "all_gather", str(dtype), count), out, want)
+                inplace = torch.zeros(count * n, dtype=dtype)
+                inplace[rank * count:(rank + 1) * count] = blocks[rank]
+                comm.all_gather(inplace, inplace[rank * count:(rank + 1) * count],
+                                algorithm=algorithm)
+                record((algorithm, "all_gather in place", str(dtype), count), inplace, want)
+    # float32 data on a 16-bit wire: exact inputs stay exact.
+    for wire in WIRES:
+        for op in ("sum", "prod", "min", "max", "avg"):
+            for count in counts_for(n, torch.float32):
+                want = reduce_reference(n, count, op, torch.float32)
+                for algorithm in runs("all_reduce"):
+                    t = make_input(rank, n, count, op, torch.float32)
+                    comm.all_reduce(t, op, algorithm=algorithm, wire_dtype=wire)
+                    record((algorithm, f"all_reduce on {wire}", op, count), t, want)
     comm.close()
     return results
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 5])
-def test_one_shot_and_auto_are_exact_for_every_dtype_op_and_awkward_count(n):
-    results = launch(n, exact_sweep, timeout=300)
+def test_one_hop_algorithms_are_exact_for_every_collective_dtype_op_and_awkward_count(n):
+    results = launch(n, exact_sweep, timeout=600)
     bad = {case: w for case, (w, _) in results[0].items() if w}
     assert not bad, bad
-    assert len(results[0]) > 2 * len(DTYPES) * 5
+    kinds = {case[:2] for case in results[0]}
+    assert kinds >= {("one_shot", "all_reduce"), ("two_shot", "all_reduce"),
+                     ("one_shot", "reduce_scatter"), ("one_shot", "all_gather"),
+                     ("auto", "all_gather"), ("one_shot", "all_reduce on torch.bfloat16")}
     for r in range(1, n):
         for case, (w, t) in results[r].items():
-            assert w == 0 and torch.equal(t.view(torch.uint8), results[0][case][1].view(torch.uint8)), (r, case)
+            assert w == 0, (r, case)
 
 
 def float_order(rank, n):
-    """Non-integer floats: one_shot must reduce in rank order 0..N-1 on every rank."""
-    comm = ringcomm.Communicator(timeout=60, slot_bytes=SLOT_BYTES)
+    """Non-integer floats: every rank reduces in rank order 0..N-1 (with a wire, of the wire's
+    values), so every rank holds the same bits."""
+    comm = ringcomm.Communicator(timeout=60, publish_bytes=PUBLISH_BYTES)
     out = {}
-    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
-        inputs = [torch.randn(37, generator=torch.Generator().manual_seed(r)).to(dtype)
-                  for r in range(n)]
-        for op in ("sum", "prod"):
-            t = inputs[rank].clone()
-            comm.all_reduce(t, op, algorithm="one_shot")
-            expected = inputs[0]
-            for x in inputs[1:]:
-                expected = expected + x if op == "sum" else expected * x
-            out[str(dtype), op] = (t, expected)
+    for algorithm in ("one_shot", "two_shot"):
+        for dtype, wire in [(torch.float32, None), (torch.float64, None), (torch.bfloat16, None),
+                            (torch.float16, None), (torch.float32, torch.bfloat16),
+                            (torch.float32, torch.float16)]:
+            inputs = [torch.randn(301, generator=torch.Generator().manual_seed(r)).to(dtype)
+                      for r in range(n)]
+            for op in ("sum", "prod"):
+                t = inputs[rank].clone()
+                comm.all_reduce(t, op, algorithm=algorithm, wire_dtype=wire)
+                seen = [x.to(wire).to(dtype) if wire else x for x in inputs]
+                expected = seen[0]
+                for x in seen[1:]:
+                    expected = expected + x if op == "sum" else expected * x
+                out[algorithm, str(dtype), str(wire), op] = (t, expected)
     comm.close()
     return out
 
 
 @pytest.mark.parametrize("n", [3, 4])
-def test_one_shot_float_results_follow_rank_order_and_agree_bitwise(n):
+def test_float_results_follow_rank_order_and_agree_bitwise_across_ranks(n):
     results = launch(n, float_order)
     for case, (t, expected) in results[0].items():
-        assert torch.equal(t, expected), case
+        algorithm, _, wire, _ = case
+        if algorithm == "one_shot" or wire == "None":
+            # two_shot on a wire rounds its chunk once more before publishing it (as the ring).
+            assert torch.equal(t, expected), case
         for r in range(1, n):
-            assert torch.equal(results[r][case][0].view(-1), t.view(-1)), (r, case)
+            assert torch.equal(results[r][case][0].view(torch.uint8), t.view(torch.uint8)), (r, case)
 
 
-def mixed_choices(rank, n):
-    """Pairs of per-rank choices that must agree (auto picks one_shot up to one slot, the ring
-    above), then one that must not."""
-    comm = ringcomm.Communicator(timeout=20, slot_bytes=SLOT_BYTES)
-    small, large = SLOT_BYTES // 4, SLOT_BYTES // 4 + 1  # float32 elements
-    for count, other in ((small, "one_shot"), (large, "ring")):
+def choices(rank, n):
+    """auto agrees with what it picks; bad names fail before anything is sent; different
+    counts or algorithms fail with MismatchError."""
+    comm = ringcomm.Communicator(timeout=20, publish_bytes=PUBLISH_BYTES,
+                                 one_shot_max_bytes=64, two_shot_max_bytes=512)
+    for count, picked in ((16, "one_shot"), (17, "two_shot"), (128, "two_shot"), (129, "ring")):
         t = torch.full((count,), float(rank + 1))
-        comm.all_reduce(t, algorithm="auto" if rank == 0 else other)
-        assert torch.equal(t, torch.full((count,), float(n * (n + 1) // 2))), (count, other)
+        comm.all_reduce(t, algorithm="auto" if rank == 0 else picked)
+        assert torch.equal(t, torch.full((count,), float(n * (n + 1) // 2))), (count, picked)
     with pytest.raises(ValueError, match="unknown algorithm 'tree'"):
-        comm.all_reduce(torch.ones(2), algorithm="tree")  # checked before anything is sent
-    with pytest.raises(ringcomm.RingcommError, match="no wire_dtype"):
-        comm.all_reduce(torch.ones(2), algorithm="one_shot", wire_dtype=torch.bfloat16)
-    t = torch.ones(8)
-    with pytest.raises((ringcomm.MismatchError, ringcomm.PeerError)) as error:
-        comm.all_reduce(t, algorithm="one_shot" if rank == 0 else "ring")
+        comm.all_reduce(torch.ones(2), algorithm="tree")
+    with pytest.raises(ringcomm.RingcommError, match="two_shot does not run reduce_scatter"):
+        comm.reduce_scatter(torch.ones(2), torch.ones(2 * n), algorithm="two_shot")
+    errors = []
+    for mine, theirs in (((8, "one_shot"), (9, "one_shot")), ((8, "one_shot"), (8, "two_shot")),
+                         ((8, "one_shot"), (8, "ring"))):
+        count, algorithm = mine if rank == 0 else theirs
+        with pytest.raises((ringcomm.MismatchError, ringcomm.PeerError)) as error:
+            comm.all_reduce(torch.ones(count), algorithm=algorithm)
+        errors.append((type(error.value).__name__, str(error.value)))
+        comm.close()
+        comm = ringcomm.Communicator(timeout=20, publish_bytes=PUBLISH_BYTES)
     comm.close()
-    return type(error.value).__name__, str(error.value)
+    return errors
 
 
-def test_auto_agrees_with_the_algorithm_it_picks_and_different_choices_fail():
-    results = launch(2, mixed_choices, timeout=120)
-    assert any(kind == "MismatchError" and "one_shot" in message for kind, message in results), results
+def test_auto_agrees_with_its_pick_and_ranks_that_disagree_fail_with_mismatch():
+    start = time.monotonic()
+    results = launch(2, choices, timeout=120)
+    assert time.monotonic() - start < 60  # nobody waited for the 20 s timeout
+    for case in range(3):
+        kinds = [results[r][case][0] for r in range(2)]
+        messages = " | ".join(results[r][case][1] for r in range(2))
+        assert "MismatchError" in kinds, (case, messages)
+    assert "count 9" in results[0][0][1] or "count 9" in results[1][0][1]
+    assert "two_shot" in " ".join(results[r][1][1] for r in range(2))
 
 
-def absent_peer(rank, n):
-    comm = ringcomm.Communicator(timeout=2)
-    if rank == 1:
-        time.sleep(4)
+def waits_on_a_missing_rank(rank, n, how):
+    comm = ringcomm.Communicator(timeout=3)
+    if rank == n - 1:
+        if how == "dies":
+            os._exit(0)
+        time.sleep(6)
         return None
     start = time.monotonic()
-    with pytest.raises(ringcomm.CommTimeoutError) as error:
-        comm.all_reduce(torch.ones(2), algorithm="one_shot")
-    return time.monotonic() - start, str(error.value)
+    with pytest.raises((ringcomm.CommTimeoutError, ringcomm.PeerError)) as error:
+        comm.all_reduce(torch.ones(4), algorithm="two_shot")
+    return type(error.value).__name__, time.monotonic() - start, str(error.value)
 
 
-def test_one_shot_waits_past_the_timeout_name_collective_and_peer():
-    elapsed, message = launch(2, absent_peer, timeout=60)[0]
-    assert 2 <= elapsed < 2 + 5
-    assert "all_reduce #0" in message and "rank 1" in message, message
+@pytest.mark.parametrize("how", ["sleeps", "dies"])
+def test_a_board_wait_names_collective_step_and_peer_when_a_rank_is_late_or_dead(how):
+    n = 3
+    results = launch(n, waits_on_a_missing_rank, how, timeout=60, allow_exit={n - 1})
+    for kind, elapsed, message in results[:n - 1]:
+        assert "all_reduce #0 (step" in message and "round 0 of 1" in message, message
+        if how == "sleeps":
+            # Rank 0 times out waiting for rank 2; rank 1 too, or it learns of rank 0's abort.
+            assert kind in ("CommTimeoutError", "PeerError") and elapsed < 3 + 5, message
+        else:
+            assert kind == "PeerError" and elapsed < 3, message
+    if how == "sleeps":  # the first to time out aborts the others
+        assert any(kind == "CommTimeoutError" and "rank 2 to publish phase 0" in message
+                   for kind, _, message in results[:n - 1]), results
+    else:
+        assert all("rank 2 (process" in m and "died" in m for _, _, m in results[:n - 1]), results
+
+
+def test_transports_without_publications_run_auto_as_the_ring_and_refuse_one_hop():
+    """NCCL has no publications today; shared-memory peer links (a Transport without them)
+    stand in for it: auto falls back to the ring, one_shot is refused before anything is sent."""
+    C = ringcomm._C
+    A, P = C.Algorithm, C.Primitive
+    links = C.ShmPeerLinks(0, 2, 4096, 4, 5.0, 0)
+    comm = C.Communicator(0, 2, links, C.CpuReducer(), 4096)
+    for primitive in (P.all_reduce, P.reduce_scatter, P.all_gather):
+        assert comm.resolve_algorithm(A.auto, primitive, 8) == A.ring
+    with pytest.raises(ringcomm.RingcommError, match="one_shot all_reduce needs a transport with "
+                                                      "publications"):
+        comm.resolve_algorithm(A.one_shot, P.all_reduce, 8)
+    with pytest.raises(ringcomm.RingcommError, match="two_shot does not run all_gather"):
+        comm.resolve_algorithm(A.two_shot, P.all_gather, 8)
+    assert set(ALGORITHM_PRIMITIVES["one_shot"]) == {"all_reduce", "reduce_scatter", "all_gather"}
+    assert ALGORITHM_PRIMITIVES["two_shot"] == ("all_reduce",)
+    alone = C.Communicator(0, 1, C.ShmTransport(0, 1, 4096, 4, 5.0, 0), C.CpuReducer(), 4096)
+    assert alone.resolve_algorithm(A.two_shot, P.all_reduce, 8) == A.ring  # nothing to exchange
+
+
+def test_auto_thresholds_pick_by_size_on_shared_memory():
+    C = ringcomm._C
+    A, P = C.Algorithm, C.Primitive
+    transport = C.ShmTransport(0, 2, 4096, 4, 5.0, 0)  # not connected: choosing needs no peer
+    comm = C.Communicator(0, 2, transport, C.CpuReducer(), 4096, one_shot_max_bytes=100,
+                          two_shot_max_bytes=1000)
+    picks = {b: comm.resolve_algorithm(A.auto, P.all_reduce, b) for b in (0, 100, 101, 1000, 1001)}
+    assert picks == {0: A.one_shot, 100: A.one_shot, 101: A.two_shot, 1000: A.two_shot,
+                     1001: A.ring}
+    for primitive in (P.reduce_scatter, P.all_gather):
+        assert comm.resolve_algorithm(A.auto, primitive, 1000) == A.one_shot
+        assert comm.resolve_algorithm(A.auto, primitive, 1001) == A.ring
+    assert comm.resolve_algorithm(A.auto, P.broadcast, 8) == A.ring

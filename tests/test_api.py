@@ -32,7 +32,7 @@ def test_build_info_reports_cuda_and_archs():
 
 
 def test_options_resolve_explicit_then_environment_then_default(monkeypatch):
-    for name in ("RINGCOMM_SHM_SLOTS", "RINGCOMM_SHM_SLOT_BYTES", "RINGCOMM_DEBUG", "RINGCOMM_ALGO"):
+    for name in ("RINGCOMM_SHM_SLOTS", "RINGCOMM_SHM_SLOT_BYTES", "RINGCOMM_DEBUG", "RINGCOMM_ALGORITHM"):
         monkeypatch.delenv(name, raising=False)
     defaults = ringcomm.CommOptions(timeout=5).resolved(world_size=1)
     assert (defaults.slot_count, defaults.slot_bytes, defaults.debug) == (16, 64 << 10, False)
@@ -46,7 +46,7 @@ def test_options_resolve_explicit_then_environment_then_default(monkeypatch):
     explicit = ringcomm.CommOptions(timeout=5, slot_count=2, debug=False).resolved(world_size=1)
     assert explicit.slot_count == 2 and explicit.debug is False
     assert ringcomm.CommOptions(slot_count=2).replace(slot_count=None, spins=3).slot_count == 2
-    monkeypatch.setenv("RINGCOMM_ALGO", "tree")
+    monkeypatch.setenv("RINGCOMM_ALGORITHM", "tree")
     with pytest.raises(ValueError, match="unknown algorithm 'tree'"):
         ringcomm.CommOptions(timeout=5).resolved(world_size=1)
 

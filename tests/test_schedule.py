@@ -7,6 +7,7 @@ import pytest
 
 import ringcomm
 from ringcomm import _C
+from ringcomm.options import ALGORITHM_PRIMITIVES
 
 PRIMITIVES = [kind.name for kind in _C.PLANNED_PRIMITIVES]  # point-to-point has no plan
 
@@ -222,3 +223,112 @@ def test_schedule_text_view():
         ringcomm.schedule("allreduce")
     with pytest.raises(ValueError, match="no ring schedule for 'send_recv'"):
         ringcomm.schedule("send_recv")
+
+
+# -- one-hop plans (one_shot, two_shot): publications instead of ring messages -----------------
+
+ONE_HOP = [(algorithm, primitive) for algorithm, primitives in ALGORITHM_PRIMITIVES.items()
+           if algorithm not in ("ring", "auto") for primitive in primitives]
+
+
+def one_hop_plans(algorithm, primitive, n, count, dtype=None):
+    kind = _C.Primitive.__members__[primitive]
+    c_dtype = None if dtype is None else getattr(_C.DataType, dtype)
+    return [_C.make_plan(kind, r, n, count, 0, c_dtype, None, _C.Algorithm.__members__[algorithm])
+            for r in range(n)]
+
+
+def simulate_one_hop(algorithm, primitive, n, count, dtype=None):
+    """Runs every rank's plan against boards of publications; a read waits until its rank has
+    published that phase. Reduced values are tuples of ranks in the order they were combined;
+    gathered ones ("data", owner). Returns each rank's output chunks and the plans."""
+    all_plans = one_hop_plans(algorithm, primitive, n, count, dtype)
+    keys = [-1] if len(all_plans[0]["chunks"]) == 1 else list(range(n))
+    inputs, outputs = [], []
+    for r in range(n):
+        if primitive == "all_gather":
+            inputs.append({c: ("data", r) if c == r else None for c in keys})
+        else:
+            inputs.append({c: (r,) for c in keys})
+        outputs.append(inputs[r] if primitive != "reduce_scatter" else {})
+    boards = {}  # (rank, phase) -> (published chunk, {chunk: value})
+    cursor = [0] * n
+    progressed = True
+    while progressed:
+        progressed = False
+        for r, plan in enumerate(all_plans):
+            while cursor[r] < len(plan["steps"]):
+                step = plan["steps"][cursor[r]]
+                chunk = step["chunk"]
+                assert step["recv_from"] < 0 and step["send_to"] < 0 and not step["ack"]
+                if step["read_from"] < 0:  # publish local data
+                    assert step["publish_phase"] >= 0 and not step["store"]
+                    covered = keys if chunk == -1 else [chunk]
+                    value = {c: inputs[r][c] for c in covered}
+                    assert None not in value.values(), f"rank {r} publishes what it lacks"
+                    boards[r, step["publish_phase"]] = (chunk, value)
+                else:
+                    board = boards.get((step["read_from"], step["read_phase"]))
+                    if board is None:
+                        break
+                    published, values = board
+                    assert published == step["published_chunk"], (r, step)
+                    value = values[chunk]
+                    if step["reduce"]:
+                        value = outputs[r][chunk] + value
+                    if step["store"]:
+                        outputs[r][chunk] = value
+                    if step["publish_phase"] >= 0:
+                        boards[r, step["publish_phase"]] = (chunk, {chunk: value})
+                cursor[r] += 1
+                progressed = True
+    stuck = [r for r in range(n) if cursor[r] < len(all_plans[r]["steps"])]
+    assert not stuck, f"ranks {stuck} wait forever for a publication"
+    return outputs, all_plans
+
+
+@pytest.mark.parametrize("algorithm,primitive", ONE_HOP)
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 13])
+def test_one_hop_plans_reduce_in_rank_order_and_end_right(algorithm, primitive, n):
+    for count in (0, 1, n - 1, 3 * n + 1):
+        outputs, all_plans = simulate_one_hop(algorithm, primitive, n, count, "float32")
+        in_order = tuple(range(n))  # combined 0, 1, ..., N-1 on every rank: the same bits
+        for r in range(n):
+            if primitive == "all_reduce":
+                assert all(v == in_order for v in outputs[r].values()), (r, outputs[r])
+            elif primitive == "reduce_scatter":
+                assert outputs[r] == {r: in_order}
+            else:
+                assert outputs[r] == {c: ("data", c) for c in range(n)}
+        for r, plan in enumerate(all_plans):
+            steps = plan["steps"]
+            # Every round reads every rank's phase 0: what lets a board's two areas per phase
+            # alternate without any barrier (Transport's publications).
+            assert {s["read_from"] for s in steps if s["read_phase"] == 0 and s["read_from"] >= 0} \
+                >= set(range(n)) - {r}
+            finalizing = [s for s in steps if s["finalize"]]
+            assert len(finalizing) == (0 if primitive == "all_gather" else 1)
+
+
+@pytest.mark.parametrize("n", [2, 3, 7])
+def test_one_hop_plans_have_their_shapes(n):
+    """one_shot all_reduce: one publication, N reads; two_shot: one more hop, chunked."""
+    one = one_hop_plans("one_shot", "all_reduce", n, 100)[0]
+    assert one["chunks"] == [(0, 100)] and len(one["steps"]) == n + 1
+    two = one_hop_plans("two_shot", "all_reduce", n, 100, "float32")[1]
+    assert len(two["chunks"]) == n and len(two["steps"]) == 1 + n + (n - 1)
+    assert [s["publish_phase"] for s in two["steps"]].count(1) == 1
+    with pytest.raises(ringcomm.RingcommError, match="two_shot has no plan for reduce_scatter"):
+        one_hop_plans("two_shot", "reduce_scatter", n, 4)
+    with pytest.raises(ringcomm.RingcommError, match="choose an algorithm"):
+        _C.make_plan(_C.Primitive.all_reduce, 0, n, 4, 0, None, None, _C.Algorithm.auto)
+
+
+def test_one_hop_schedule_text_view():
+    text = str(ringcomm.schedule("all_reduce", world_size=3, count=14, algorithm="two_shot"))
+    assert "all_reduce: 3 ranks, count 14, two_shot" in text
+    assert "all =>p0" in text and "c0 <=2:p0 + keep =>p1" in text and "c1 <=1:p1 keep" in text
+    gather = ringcomm.schedule("all_gather", world_size=2, algorithm="one_shot")
+    assert [s.describe() for s in gather.steps[0]] == ["c0 =>p0", "c1 <=1:p0 keep"]
+    with pytest.raises(ValueError, match="no 'two_shot' schedule for 'all_gather'"):
+        ringcomm.schedule("all_gather", algorithm="two_shot")

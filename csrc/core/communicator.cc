@@ -87,65 +87,41 @@ void Communicator::execute(const Collective& c) {
   Executor(*transport_, *reducer_, options_.sliceBytes).run(c);
 }
 
-void Communicator::allReduce(void* data, size_t count, DataType type, RedOp op,
-                             uintptr_t stream) {
-  allReduce(data, count, type, op, type, 1.0f, stream);
+Algorithm Communicator::resolveAlgorithm(Algorithm requested, Primitive primitive,
+                                         size_t bytes) const {
+  RC_CHECK(algorithmPlans(requested, primitive), "algorithm ", algorithmName(requested),
+           " does not run ", primitiveName(primitive));
+  if (worldSize_ == 1) return Algorithm::Ring;  // nothing to exchange either way
+  if (requested == Algorithm::Auto)
+    return chooseAlgorithm(primitive, bytes, worldSize_, *transport_, options_.thresholds);
+  RC_CHECK(!isOneHop(requested) || transport_->publishBytes() > 0, algorithmName(requested),
+           " ", primitiveName(primitive),
+           " needs a transport with publications (CPU shared memory); this device's has none: "
+           "use ring or auto");
+  return requested;
 }
 
 void Communicator::allReduce(void* data, size_t count, DataType type, RedOp op,
                              DataType wireType, float scale, uintptr_t stream,
                              Algorithm algorithm) {
   checkUsable();
-  algorithm = chooseAllReduce(algorithm, count, type, wireType);
+  algorithm = resolveAlgorithm(algorithm, Primitive::AllReduce, count * dataTypeSize(type));
   Collective c;
   c.plan = makePlan({Primitive::AllReduce, rank_, worldSize_, count, 0,
                      chunkAlignment(type, wireType), algorithm});
   c.input = c.output = view(data, 0, count);
   prepare(c, op, type, wireType, scale);
-  collective(stream, [&] {
-    if (algorithm == Algorithm::OneShot)
-      oneShotAllReduce(c, data, count);
-    else
-      execute(c);
-  });
-}
-
-Algorithm Communicator::chooseAllReduce(Algorithm requested, size_t count, DataType type,
-                                        DataType wireType) const {
-  // One-shot reads every rank's payload where it was written (host memory it gathers into), and
-  // sends the data's own type.
-  const bool oneShotRuns = transport_->forwardsInPlace() && wireType == type;
-  if (requested == Algorithm::OneShot) {
-    RC_CHECK(transport_->forwardsInPlace(),
-             "one_shot all_reduce needs the shared-memory transport (it forwards in place)");
-    RC_CHECK(wireType == type, "one_shot all_reduce sends the data's own type: no wire_dtype");
-  }
-  if (worldSize_ == 1) return Algorithm::Ring;  // nothing to exchange either way
-  if (requested != Algorithm::Auto) return requested;
-  // Up to one message per rank: one hop of latency per rank instead of the ring's two, and the
-  // local reduction of N inputs stays cheap. Above it the ring's bandwidth wins.
-  const bool small = count * dataTypeSize(type) <= transport_->maxMessageBytes();
-  return oneShotRuns && small ? Algorithm::OneShot : Algorithm::Ring;
-}
-
-void Communicator::oneShotAllReduce(Collective& c, void* data, size_t count) {
-  const size_t bytes = count * dataTypeSize(c.spec.type);
-  gathered_.resize(bytes * worldSize_);
-  char* gathered = gathered_.data();
-  reducer_->copy(gathered + rank_ * bytes, nullptr, data, bytes);
-  c.input = c.output = view(gathered, 0, count * worldSize_);
-  execute(c);
-  // The same order on every rank: ((x0 op x1) op x2) ..., finalized (AVG, scale) once.
-  for (int r = 1; r < worldSize_; ++r)
-    reducer_->reduce(data, nullptr, r == 1 ? gathered : data, gathered + r * bytes, count, c.spec,
-                     /*finalize=*/r == worldSize_ - 1);
+  collective(stream, [&] { execute(c); });
 }
 
 void Communicator::reduceScatter(void* output, const void* input, size_t outputCount,
-                                 DataType type, RedOp op, uintptr_t stream) {
+                                 DataType type, RedOp op, uintptr_t stream,
+                                 Algorithm algorithm) {
   checkUsable();
+  algorithm = resolveAlgorithm(algorithm, Primitive::ReduceScatter,
+                               outputCount * worldSize_ * dataTypeSize(type));
   Collective c;
-  c.plan = makePlan({Primitive::ReduceScatter, rank_, worldSize_, outputCount, 0});
+  c.plan = makePlan({Primitive::ReduceScatter, rank_, worldSize_, outputCount, 0, 1, algorithm});
   c.input = view(input, 0, outputCount * worldSize_);
   c.output = view(output, outputCount * rank_, outputCount);
   prepare(c, op, type, type);
@@ -156,10 +132,12 @@ void Communicator::reduceScatter(void* output, const void* input, size_t outputC
 }
 
 void Communicator::allGather(void* output, const void* input, size_t inputCount, DataType type,
-                             uintptr_t stream) {
+                             uintptr_t stream, Algorithm algorithm) {
   checkUsable();
+  algorithm = resolveAlgorithm(algorithm, Primitive::AllGather,
+                               inputCount * worldSize_ * dataTypeSize(type));
   Collective c;
-  c.plan = makePlan({Primitive::AllGather, rank_, worldSize_, inputCount, 0});
+  c.plan = makePlan({Primitive::AllGather, rank_, worldSize_, inputCount, 0, 1, algorithm});
   c.input = c.output = view(output, 0, inputCount * worldSize_);
   prepare(c, RedOp::Sum, type, type);
   collective(stream, [&] {

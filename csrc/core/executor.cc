@@ -27,13 +27,20 @@ Executor::Executor(Transport& transport, Reducer& reducer, size_t sliceBytes)
 void Executor::run(const Collective& c) {
   const size_t elemSize =
       std::max(dataTypeSize(c.spec.type), dataTypeSize(c.spec.wireType));
-  size_t sliceBytes = std::min(sliceBytes_, transport_.maxMessageBytes());
+  // One-hop plans run one publication round per column, each publication at most
+  // publishBytes(); ring plans one message per slice.
+  const bool oneHop = usesPublications(c.plan);
+  const size_t pieces = oneHop ? std::max<size_t>(1, chunksPerPublication(c.plan)) : 1;
+  const size_t limit = oneHop ? transport_.publishBytes() : transport_.maxMessageBytes();
+  RC_CHECK(!oneHop || limit > 0, algorithmName(c.plan.request.algorithm),
+           " needs a transport with publications (shared memory); this one has none: use ring");
+  const size_t sliceBytes = oneHop ? limit / pieces : std::min(sliceBytes_, limit);
   size_t sliceElems = std::max<size_t>(1, sliceBytes / elemSize);
   // Slices start where chunks do: on 16-byte boundaries, whenever a slice holds that much.
   const size_t align = c.plan.request.alignElems;
   if (sliceElems > align) sliceElems -= sliceElems % align;
-  RC_CHECK(sliceElems * elemSize <= transport_.maxMessageBytes(), "a ", elemSize,
-           "-byte element does not fit the transport's messages");
+  RC_CHECK(sliceElems * elemSize * pieces <= limit, "a ", elemSize,
+           "-byte element does not fit the transport's ", oneHop ? "publications" : "messages");
   const size_t wireSize = dataTypeSize(c.spec.wireType);
 
   Envelope envelope = collectiveHeader(c.plan.request.primitive, c.plan.request.count,
@@ -48,16 +55,22 @@ void Executor::run(const Collective& c) {
     envelope.bytes = slice.count * wireSize;
     envelope.offset = slice.offset;
     try {
-      runStep(c, step, slice, envelope);
+      if (oneHop)
+        runOneHopStep(c, step, column, sliceElems, envelope);
+      else
+        runStep(c, step, slice, envelope);
     } catch (const Error& e) {
       // Name the collective and the step: the transport only knows the peer.
       std::string where = detail::concat(primitiveName(c.plan.request.primitive), " #",
                                          c.sequence, " (step ", i, " of ", c.plan.steps.size(),
-                                         ", slice ", column, " of ", columns, "): ");
+                                         oneHop ? ", round " : ", slice ", column, " of ",
+                                         columns, "): ");
       rethrowWithPrefix(e, where);
     }
   };
-  const size_t wave = std::max<size_t>(1, transport_.columnsPerWave());
+  // Publication rounds run one column at a time: each reads every rank's phase 0 before the
+  // next may overwrite it (Transport's double buffering).
+  const size_t wave = oneHop ? 1 : std::max<size_t>(1, transport_.columnsPerWave());
   for (size_t first = 0; first < columns; first += wave) {
     const size_t end = std::min(columns, first + wave);
     for (size_t i = 0; i < c.plan.steps.size(); ++i) {
@@ -68,6 +81,69 @@ void Executor::run(const Collective& c) {
       for (size_t column = first; column < end; ++column) runColumn(i, column);
     }
   }
+}
+
+Envelope Executor::publication(const Collective& c, const Envelope& header, int chunk,
+                               size_t column, size_t sliceElems,
+                               std::vector<Range>& pieces) const {
+  pieces = columnPieces(c.plan, chunk, column, sliceElems);
+  size_t count = 0;
+  for (const Range& piece : pieces) count += piece.count;
+  Envelope envelope = header;
+  envelope.offset = pieces.front().offset;
+  envelope.bytes = count * dataTypeSize(c.spec.wireType);
+  return envelope;
+}
+
+void Executor::runOneHopStep(const Collective& c, const Step& step, size_t column,
+                             size_t sliceElems, const Envelope& header) {
+  const size_t elemSize = dataTypeSize(c.spec.type), wireSize = dataTypeSize(c.spec.wireType);
+  const bool sameType = c.spec.type == c.spec.wireType;
+  std::vector<Range> pieces;
+  if (step.readFrom < 0) {  // publish local data: every piece, packed
+    RC_CHECK(step.publishPhase >= 0 && !step.reduce && !step.store,
+             "a one-hop step that reads no publication can only publish");
+    const Envelope mine = publication(c, header, step.chunk, column, sliceElems, pieces);
+    char* out = static_cast<char*>(transport_.acquirePublish(step.publishPhase, mine.bytes));
+    for (const Range& piece : pieces) {
+      const char* local = locate(c.input, piece, elemSize, "read");
+      if (sameType)
+        reducer_.copy(out, nullptr, local, piece.count * wireSize);
+      else
+        reducer_.convert(nullptr, out, local, /*srcIsWire=*/false, piece.count, c.spec);
+      out += piece.count * wireSize;
+    }
+    transport_.commitPublish(step.publishPhase, mine);
+    return;
+  }
+
+  const Range slice = sliceOf(step.range, column, sliceElems);
+  const Envelope expected =
+      publication(c, header, step.publishedChunk, column, sliceElems, pieces);
+  size_t before = 0;  // elements of the publication packed ahead of this step's chunk
+  if (step.publishedChunk < 0 && step.chunk >= 0)
+    for (int i = 0; i < step.chunk; ++i) before += pieces.at(i).count;
+  const char* incoming =
+      static_cast<const char*>(
+          transport_.acquirePublished(step.readFrom, step.readPhase, expected)) +
+      before * wireSize;
+
+  void* outgoing = nullptr;
+  Envelope mine;
+  if (step.publishPhase >= 0) {
+    mine = publication(c, header, step.chunk, column, sliceElems, pieces);
+    RC_CHECK(mine.bytes == slice.count * wireSize, "a one-hop step publishes one chunk");
+    outgoing = transport_.acquirePublish(step.publishPhase, mine.bytes);
+  }
+  char* stored = step.store ? locate(c.output, slice, elemSize, "write") : nullptr;
+  if (step.reduce)  // accumulates into the output: what the earlier reads stored
+    reducer_.reduce(stored, outgoing, locate(c.output, slice, elemSize, "read"), incoming,
+                    slice.count, c.spec, step.finalize);
+  else if (sameType)
+    reducer_.copy(stored, outgoing, incoming, slice.count * wireSize);
+  else
+    reducer_.convert(stored, outgoing, incoming, /*srcIsWire=*/true, slice.count, c.spec);
+  if (step.publishPhase >= 0) transport_.commitPublish(step.publishPhase, mine);
 }
 
 void Executor::runStep(const Collective& c, const Step& step, const Range& slice,

@@ -3,6 +3,8 @@
 //   all-gather / gather:      at ring step s rank r sends chunk r-s   and receives chunk r-1-s,
 // so that rank r ends owning chunk r. A chunk received at ring step s is the one sent at step
 // s+1, which is why one plan step both receives and forwards (NCCL's recvReduceSend).
+// One-hop plans (schedule.h) read publications in rank order 0..N-1 wherever they reduce, so
+// every rank combines the same values in the same order.
 #include "ringcomm/schedule.h"
 
 #include <algorithm>
@@ -84,6 +86,59 @@ class PlanBuilder {
     if (sendOwn) send(rank_);
     for (int s = 1; s <= size_ - 2; ++s) recvSend(rank_ - s, /*reduce=*/false, /*store=*/true);
     recv(rank_ + 1, /*reduce=*/false, /*store=*/true);
+  }
+
+  // One-hop steps: publish a chunk (or kWhole: every chunk) in `phase`; read rank `from`'s
+  // publication of `publishedChunk` in `phase`, keeping chunk `chunk` of it.
+  Step& publish(int chunk, int phase) {
+    Step& step = add(chunk);
+    step.publishPhase = phase;
+    return step;
+  }
+  Step& read(int from, int phase, int publishedChunk, int chunk, bool reduce) {
+    Step& step = add(chunk);
+    step.readFrom = from;
+    step.readPhase = phase;
+    step.publishedChunk = publishedChunk == kWhole ? -1 : publishedChunk;
+    step.reduce = reduce;
+    step.store = true;
+    return step;
+  }
+
+  // Reduces chunk `chunk` (kWhole for the whole buffer) from every rank's phase-0 publication
+  // of every chunk, in rank order; returns the last step (it finalizes).
+  Step& reduceFromAll(int chunk) {
+    for (int q = 0; q < size_ - 1; ++q) read(q, 0, kWhole, chunk, /*reduce=*/q > 0);
+    Step& last = read(size_ - 1, 0, kWhole, chunk, /*reduce=*/true);
+    last.finalize = true;
+    return last;
+  }
+
+  void oneShotAllReduce() {
+    publish(kWhole, 0);
+    reduceFromAll(kWhole);
+  }
+
+  void twoShotAllReduce() {
+    publish(kWhole, 0);
+    reduceFromAll(rank_).publishPhase = 1;
+    copyFromOthers(1);
+  }
+
+  void oneShotReduceScatter() {
+    publish(kWhole, 0);
+    reduceFromAll(rank_);
+  }
+
+  void oneShotAllGather() {
+    publish(rank_, 0);
+    copyFromOthers(0);
+  }
+
+  // Every other rank's chunk, from its publication of it in `phase`.
+  void copyFromOthers(int phase) {
+    for (int q = 0; q < size_; ++q)
+      if (q != rank_) read(q, phase, q, q, /*reduce=*/false);
   }
 
   // Position along the ring counted from the root.
@@ -178,6 +233,29 @@ size_t columnCount(const Plan& plan, size_t sliceElems) {
   return std::max<size_t>(1, (longest + sliceElems - 1) / sliceElems);
 }
 
+size_t chunksPerPublication(const Plan& plan) {
+  size_t most = 0;
+  for (const Step& step : plan.steps)
+    if (step.publishPhase >= 0) most = std::max<size_t>(most, step.chunk < 0 ? plan.chunks.size() : 1);
+  return most;
+}
+
+bool usesPublications(const Plan& plan) {
+  for (const Step& step : plan.steps)
+    if (step.publishPhase >= 0 || step.readFrom >= 0) return true;
+  return false;
+}
+
+std::vector<Range> columnPieces(const Plan& plan, int chunk, size_t column, size_t sliceElems) {
+  std::vector<Range> pieces;
+  if (chunk >= 0) {
+    pieces.push_back(sliceOf(plan.chunks.at(chunk), column, sliceElems));
+  } else {
+    for (const Range& each : plan.chunks) pieces.push_back(sliceOf(each, column, sliceElems));
+  }
+  return pieces;
+}
+
 Plan makePlan(const PlanRequest& request) {
   const int n = request.worldSize;
   RC_CHECK(n >= 1, "world size must be at least 1, got ", n);
@@ -185,34 +263,45 @@ Plan makePlan(const PlanRequest& request) {
            " is outside the world of ", n, " ranks");
   RC_CHECK(request.root >= 0 && request.root < n, "root rank ", request.root,
            " is outside the world of ", n, " ranks");
-
-  const bool oneShot = request.algorithm == Algorithm::OneShot;
-  RC_CHECK(request.algorithm != Algorithm::Auto, "choose an algorithm before planning");
-  RC_CHECK(!oneShot || request.primitive == Primitive::AllReduce, "one_shot plans all_reduce only, not ",
-           primitiveName(request.primitive));
+  const Algorithm algorithm = request.algorithm;
+  RC_CHECK(algorithm != Algorithm::Auto, "choose an algorithm before planning");
+  RC_CHECK(algorithmPlans(algorithm, request.primitive), algorithmName(algorithm),
+           " has no plan for ", primitiveName(request.primitive));
 
   Plan plan;
   plan.request = request;
-  const bool chunked = request.primitive != Primitive::Broadcast &&
-                       request.primitive != Primitive::Reduce;
-  const bool balanced = request.primitive == Primitive::AllReduce && !oneShot;
-  plan.bufferCount = chunked && !balanced ? request.count * n : request.count;
-  if (chunked) {
-    for (int i = 0; i < n; ++i)
-      plan.chunks.push_back(balanced ? balancedChunk(request.count, n, i, request.alignElems)
-                                     : Range{request.count * i, request.count});
-  } else {
+  const Primitive primitive = request.primitive;
+  // One range over the whole buffer (chains, and one_shot all_reduce, which reads everything
+  // whole), balanced chunks of one tensor (all_reduce), or one block per rank.
+  const bool whole = primitive == Primitive::Broadcast || primitive == Primitive::Reduce ||
+                     (primitive == Primitive::AllReduce && algorithm == Algorithm::OneShot);
+  if (whole) {
+    plan.bufferCount = request.count;
     plan.chunks.push_back(Range{0, request.count});
+  } else if (primitive == Primitive::AllReduce) {
+    plan.bufferCount = request.count;
+    for (int i = 0; i < n; ++i)
+      plan.chunks.push_back(balancedChunk(request.count, n, i, request.alignElems));
+  } else {
+    plan.bufferCount = request.count * n;
+    for (int i = 0; i < n; ++i) plan.chunks.push_back(Range{request.count * i, request.count});
   }
   if (n == 1) return plan;  // nothing to exchange
 
   PlanBuilder builder(plan);
-  switch (request.primitive) {
+  if (algorithm == Algorithm::OneShot || algorithm == Algorithm::TwoShot) {
+    if (algorithm == Algorithm::TwoShot)
+      builder.twoShotAllReduce();  // kAlgorithms: two_shot plans all_reduce only
+    else if (primitive == Primitive::AllReduce)
+      builder.oneShotAllReduce();
+    else if (primitive == Primitive::ReduceScatter)
+      builder.oneShotReduceScatter();
+    else
+      builder.oneShotAllGather();
+    return plan;
+  }
+  switch (primitive) {
     case Primitive::AllReduce:
-      if (oneShot) {  // move every input everywhere; the reduction is local (Algorithm)
-        builder.allGather(/*sendOwn=*/true);
-        break;
-      }
       builder.reduceScatter(/*forwardLast=*/true);
       builder.allGather(/*sendOwn=*/false);
       break;

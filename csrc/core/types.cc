@@ -40,12 +40,19 @@ const char* primitiveName(Primitive primitive) {
 }
 
 const char* algorithmName(Algorithm algorithm) {
-  switch (algorithm) {
-    case Algorithm::Ring: return "ring";
-    case Algorithm::OneShot: return "one_shot";
-    case Algorithm::Auto: return "auto";
-  }
-  return "unknown";
+  const AlgorithmInfo* row = rowOf(kAlgorithms, algorithm);
+  return row ? row->name : "unknown";
+}
+
+bool algorithmPlans(Algorithm algorithm, Primitive primitive) {
+  const AlgorithmInfo* row = rowOf(kAlgorithms, algorithm);
+  return row != nullptr && rowOf(kPrimitives, primitive) != nullptr &&
+         (row->primitives & primitiveBit(primitive)) != 0;
+}
+
+bool isOneHop(Algorithm algorithm) {
+  const AlgorithmInfo* row = rowOf(kAlgorithms, algorithm);
+  return row != nullptr && row->oneHop;
 }
 
 bool isFloatingPoint(DataType type) {

@@ -4,9 +4,7 @@
 // slot is read by every rank the payload is forwarded to and is free again once the last of
 // them lets go; a message is free once its receiver has read it. Forwarded payloads are held
 // for several steps, so messages have their own ring: a rank can keep forwarding while its
-// slots are held. Counters are 32-bit so waiters can sleep on them with futex; waits spin
-// briefly, then sleep in short slices, checking the deadline, an abort flag and whether the peer
-// process still exists.
+// slots are held. Counters are 32-bit so waiters can sleep on them with futex (shm_wait.h).
 #pragma once
 
 #include <sys/types.h>
@@ -17,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "cpu/shm_segment.h"
+#include "cpu/shm_wait.h"
 #include "ringcomm/transport.h"
 
 namespace ringcomm {
@@ -30,11 +30,11 @@ struct alignas(64) ChannelControl {
   int32_t senderPid;
   std::atomic<int32_t> receiverPid;
   alignas(64) std::atomic<uint32_t> head;  // messages published by the sender
-  std::atomic<uint32_t> receiverSleeping;
+  std::atomic<uint32_t> receiverSleeping;  // receivers asleep on head
   alignas(64) std::atomic<uint32_t> consumed;  // messages read by the receiver
   std::atomic<uint32_t> released;  // moved when a message is read or a slot freed while the
                                    // sender sleeps: its futex word
-  std::atomic<uint32_t> senderSleeping;
+  std::atomic<uint32_t> senderSleeping;  // senders asleep on released
   alignas(64) std::atomic<uint32_t> aborted;
   char abortReason[512];
 };
@@ -50,22 +50,6 @@ struct alignas(64) SlotHeader {
   std::atomic<uint32_t> holds;  // readers that have not let go of this slot yet
 };
 
-// A rank of the ring and its process, to check on while waiting.
-struct Peer {
-  int rank;
-  pid_t pid;
-};
-
-// How a rank waits for its neighbour: spin (the peer runs on another core), then yield (the
-// peer may need this core: with more ranks than cores that is the common case), then sleep on
-// the futex in short slices, checking the deadline, the abort flag and the peer's process.
-struct WaitPolicy {
-  double timeoutSeconds = 1800;
-  int spins = 200;             // busy polls first
-  int yieldMicros = 2000;      // then sched_yield polls for this long
-  int sleepMillis = 20;        // then futex slices
-};
-
 class ShmChannel {
  public:
   // Creates a new segment (the sending side) under a unique name.
@@ -77,11 +61,10 @@ class ShmChannel {
   pid_t senderPid() const { return control_->senderPid; }
 
   ShmChannel() = default;
-  ShmChannel(ShmChannel&& other) noexcept;
+  ShmChannel(ShmChannel&& other) noexcept { *this = std::move(other); }
   ShmChannel& operator=(ShmChannel&& other) noexcept;
-  ~ShmChannel();
 
-  const std::string& name() const { return name_; }
+  const std::string& name() const { return segment_.name(); }
   size_t slotBytes() const { return control_->slotBytes; }
   bool valid() const { return control_ != nullptr; }
 
@@ -96,6 +79,8 @@ class ShmChannel {
   // payload stays held until let go).
   const Message& acquireRecv(const Envelope& expected, const WaitPolicy& policy, int peerRank);
   void releaseRecv();
+  // Receiver side: the next message if one has arrived, without waiting or taking it.
+  const Message* peek() const;
   // Any rank that maps the channel: a payload, its header, and its reader count.
   void* payload(uint32_t index) const { return slot(index) + 1; }
   const SlotHeader& slotHeader(uint32_t index) const { return *slot(index); }
@@ -105,26 +90,22 @@ class ShmChannel {
   void abort(const std::string& why);
   // Removes the name from /dev/shm if still there (once every rank has it mapped, and the
   // creator's clean-up).
-  void unlinkName();
+  void unlinkName() { segment_.unlinkName(); }
 
  private:
   Message* message(uint32_t index) const;
   SlotHeader* slot(uint32_t index) const;
   // After a message is read or a slot freed: wakes the sender if it sleeps.
   void wakeSender();
-  // Waits until ready(); sleeps on `word`, which changes whenever ready() may have become true
-  // (sender: released; receiver: head).
-  // Raises PeerError if `awaited` or one of `watched` has died, naming it.
+  // Waits until ready() (shm_wait.h); sleeps on `word`, which changes whenever ready() may have
+  // become true (sender: released; receiver: head).
   template <typename Ready>
-  void waitUntil(Ready ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleeping,
-                 const WaitPolicy& policy, Peer awaited, const std::vector<Peer>& watched,
-                 const char* what) const;
+  void wait(Ready ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleepers,
+            const WaitPolicy& policy, const WaitTarget& target) const;
   void throwIfAborted() const;
 
-  std::string name_;
+  ShmSegment segment_;
   ChannelControl* control_ = nullptr;
-  size_t mappedBytes_ = 0;
-  bool owner_ = false;
   uint32_t cursor_ = 0;         // next message this side writes (sender) or reads (receiver)
   uint32_t slotCursor_ = 0;     // next payload slot the sender fills
 };

@@ -14,10 +14,17 @@ ShmTransport::ShmTransport(int rank, int worldSize, ShmOptions options)
   if (worldSize == 1) return;
   channels_.resize(worldSize);
   outgoing() = ShmChannel::create(options.slotBytes, options.slotCount, rank);
+  boards_.resize(worldSize);
+  boards_[rank] = ShmBoard::create(options.publishBytes, rank);
 }
 
+namespace {
+constexpr char kNameSeparator = ' ';  // never in a shared-memory name we create
+}  // namespace
+
 std::string ShmTransport::channelName() const {
-  return channels_.empty() ? "" : channels_[rank_].name();
+  if (channels_.empty()) return "";
+  return channels_[rank_].name() + kNameSeparator + boards_[rank_].name();
 }
 
 void ShmTransport::connect(const std::vector<std::string>& names) {
@@ -28,7 +35,11 @@ void ShmTransport::connect(const std::vector<std::string>& names) {
   RC_CHECK(names[rank_] == channelName(), "connect: names[", rank_, "] is not this rank's channel");
   for (int r = 0; r < worldSize_; ++r) {
     if (r == rank_) continue;
-    channels_[r] = ShmChannel::attach(names[r]);
+    const size_t split = names[r].find(kNameSeparator);
+    RC_CHECK(split != std::string::npos, "connect: rank ", r, "'s name '", names[r],
+             "' names no publication board");
+    channels_[r] = ShmChannel::attach(names[r].substr(0, split));
+    boards_[r] = ShmBoard::attach(names[r].substr(split + 1));
     others_.push_back(Peer{r, channels_[r].senderPid()});
   }
   incoming().claimReceiver();
@@ -36,6 +47,7 @@ void ShmTransport::connect(const std::vector<std::string>& names) {
 
 void ShmTransport::unlinkNames() {
   for (ShmChannel& channel : channels_) channel.unlinkName();
+  for (ShmBoard& board : boards_) board.unlinkName();
 }
 
 void ShmTransport::checkPeer(int peer, int expected, const char* role) const {
@@ -89,6 +101,44 @@ void ShmTransport::abort(const std::string& why) {
   // the ring still holds learns of the failure at once.
   const std::string reason = detail::concat("rank ", rank_, " failed: ", why);
   for (ShmChannel& channel : channels_) channel.abort(reason);
+  for (ShmBoard& board : boards_) board.abort(reason);
+}
+
+void ShmTransport::checkPhase(int phase) const {
+  RC_CHECK(phase >= 0 && phase < ShmBoard::kPhases, "publication phase ", phase,
+           " is not 0 or 1");
+  RC_CHECK(!boards_.empty() && boards_[prev_].valid(),
+           "the shared-memory transport is not connected");
+}
+
+void* ShmTransport::acquirePublish(int phase, size_t bytes) {
+  checkPhase(phase);
+  RC_CHECK(bytes <= options_.publishBytes, "a ", bytes, "-byte publication exceeds the ",
+           options_.publishBytes, "-byte areas");
+  if (phase == 0) ++round_;  // a round starts with phase 0 (see Transport)
+  return boards_[rank_].area(phase, round_);
+}
+
+void ShmTransport::commitPublish(int phase, const Envelope& envelope) {
+  checkPhase(phase);
+  boards_[rank_].publish(phase, round_, envelope);
+}
+
+const void* ShmTransport::acquirePublished(int peer, int phase, const Envelope& expected) {
+  checkPhase(phase);
+  RC_CHECK(peer >= 0 && peer < worldSize_, "rank ", peer, " is outside the world of ",
+           worldSize_, " ranks");
+  // A ring message waiting from the predecessor while this rank waits for a publication: the
+  // predecessor runs a ring collective instead (it cannot have finished this one, which needs
+  // the same publication), so say so instead of timing out.
+  auto watch = [&] {
+    const Message* stray = incoming().peek();
+    if (stray != nullptr)
+      RC_THROW_AS(MismatchError, "collective mismatch: rank ", prev_, " sent ",
+                  describeEnvelope(stray->envelope), " but this rank is running ",
+                  describeEnvelope(expected));
+  };
+  return boards_[peer].read(phase, round_, expected, options_.wait, watch);
 }
 
 }  // namespace ringcomm

@@ -1,7 +1,8 @@
 // Transport between local processes over shared memory: each rank owns the channel to its ring
 // successor and maps every other rank's, so that a message passed on round the ring (allgather,
-// broadcast) is forwarded by reference and read where it was first written. Set up in three
-// calls around a name exchange:
+// broadcast) is forwarded by reference and read where it was first written. Each rank also owns
+// a publication board (shm_board.h) every rank maps: the one-hop algorithms read every rank's
+// publications there. Set up in three calls around a name exchange:
 //   ShmTransport t(rank, size, options);  publish t.channelName();
 //   t.connect(everyRanksName);  barrier;  t.unlinkNames();
 #pragma once
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/shm_board.h"
 #include "cpu/shm_channel.h"
 #include "ringcomm/transport.h"
 
@@ -18,6 +20,7 @@ namespace ringcomm {
 struct ShmOptions {
   size_t slotBytes = 256 * 1024;
   uint32_t slotCount = 4;
+  size_t publishBytes = 256 * 1024;  // per rank, phase and round (the board holds 4 of them)
   WaitPolicy wait;
 };
 
@@ -25,9 +28,9 @@ class ShmTransport : public Transport {
  public:
   ShmTransport(int rank, int worldSize, ShmOptions options);
 
-  // Name of this rank's outgoing channel ("" for a single rank).
+  // Names of this rank's outgoing channel and board, as one string ("" for a single rank).
   std::string channelName() const;
-  // Maps every rank's channel; names[r] is rank r's channelName().
+  // Maps every rank's channel and board; names[r] is rank r's channelName().
   void connect(const std::vector<std::string>& names);
   // Removes the names from /dev/shm once every rank has connected: from then on nothing of ours
   // is left there, whatever happens to any process.
@@ -43,14 +46,22 @@ class ShmTransport : public Transport {
   void releaseRecv(int peer) override;
   void abort(const std::string& why) override;
 
+  size_t publishBytes() const override { return options_.publishBytes; }
+  void* acquirePublish(int phase, size_t bytes) override;
+  void commitPublish(int phase, const Envelope& envelope) override;
+  const void* acquirePublished(int peer, int phase, const Envelope& expected) override;
+
  private:
   void checkPeer(int peer, int expected, const char* role) const;
+  void checkPhase(int phase) const;
   ShmChannel& outgoing() { return channels_[rank_]; }
   ShmChannel& incoming() { return channels_[prev_]; }
 
   int rank_, worldSize_, next_, prev_;
   ShmOptions options_;
   std::vector<ShmChannel> channels_;  // by owner rank: channels_[r] carries r -> r + 1
+  std::vector<ShmBoard> boards_;      // by owner rank
+  uint32_t round_ = 0;                // publication rounds this rank has started
   std::vector<Peer> others_;          // every other rank: any may hold a forwarded slot
   // Where the payload of the message acquireRecv returned lives.
   int heldRank_ = -1;

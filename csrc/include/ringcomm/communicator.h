@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "ringcomm/algorithms.h"
 #include "ringcomm/executor.h"
 #include "ringcomm/reducer.h"
 #include "ringcomm/schedule.h"
@@ -19,6 +20,7 @@ namespace ringcomm {
 
 struct CommunicatorOptions {
   size_t sliceBytes = 256 * 1024;
+  AlgorithmThresholds thresholds;  // what Auto picks (algorithms.h)
 };
 
 class Communicator {
@@ -41,22 +43,22 @@ class Communicator {
   // leaves the communicator usable), fill a Collective with prepare(), then run its body inside
   // collective(stream, ...), which brackets it with Transport::begin/end and poisons the
   // communicator if the body fails.
-  void allReduce(void* data, size_t count, DataType type, RedOp op, uintptr_t stream = 0);
   // `wireType` is what travels between ranks: float16 or bfloat16 under float32 data halves the
   // bytes while every hop still adds in float32. `scale` multiplies the result (floating types,
   // on reducers that scale: DDP's pre-divided sums).
-  // `algorithm`: Ring, OneShot, or Auto (one_shot up to one transport message where it applies,
-  // else the ring; see chooseAllReduce). Every rank must pass the same.
+  // `algorithm` (all_reduce, reduce_scatter, all_gather): Ring, OneShot, TwoShot (kAlgorithms
+  // says which collectives each plans) or Auto (chooseAlgorithm with the options' thresholds).
+  // Every rank must pass the same.
   void allReduce(void* data, size_t count, DataType type, RedOp op, DataType wireType,
                  float scale = 1.0f, uintptr_t stream = 0, Algorithm algorithm = Algorithm::Ring);
-  // The algorithm an all_reduce of `count` elements runs with; depends only on what every rank
-  // shares (the request, size, wire type, world size and transport), so all ranks agree.
-  Algorithm chooseAllReduce(Algorithm requested, size_t count, DataType type,
-                            DataType wireType) const;
   void reduceScatter(void* output, const void* input, size_t outputCount, DataType type,
-                     RedOp op, uintptr_t stream = 0);
+                     RedOp op, uintptr_t stream = 0, Algorithm algorithm = Algorithm::Ring);
   void allGather(void* output, const void* input, size_t inputCount, DataType type,
-                 uintptr_t stream = 0);
+                 uintptr_t stream = 0, Algorithm algorithm = Algorithm::Ring);
+  // The algorithm a collective of `bytes` (see chooseAlgorithm) runs with when `requested`:
+  // depends only on what every rank shares, so all ranks agree. Raises (before anything is
+  // sent) for an algorithm that does not plan the collective or cannot run on the transport.
+  Algorithm resolveAlgorithm(Algorithm requested, Primitive primitive, size_t bytes) const;
   void broadcast(void* data, size_t count, DataType type, int src, uintptr_t stream = 0);
   void reduce(void* data, size_t count, DataType type, RedOp op, int dst, uintptr_t stream = 0);
   // `output` is used on dst only; `input` on src only (may be null elsewhere).
@@ -96,8 +98,6 @@ class Communicator {
   void bracket(Transport& transport, uintptr_t stream, const std::function<void()>& body);
   // Runs the plan (inside collective()).
   void execute(const Collective& collective);
-  // OneShot all_reduce: gather every input (plan), then reduce them in rank order.
-  void oneShotAllReduce(Collective& c, void* data, size_t count);
   Transport& peerLinks();
   // begin(stream), body, end() on the peer links; on failure aborts every transport.
   void overLinks(uintptr_t stream, const std::function<void()>& body);
@@ -115,7 +115,6 @@ class Communicator {
   bool closed_ = false;
   std::string failure_;
   std::shared_ptr<Transport> links_;
-  std::vector<char> gathered_;  // one_shot all_reduce: every rank's input, in rank order
   std::vector<uint64_t> sent_, received_;  // messages per peer: their envelopes' sequence
 };
 

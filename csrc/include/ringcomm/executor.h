@@ -1,8 +1,10 @@
-// Executor: walks a plan through a Transport and a Reducer, in waves of slice columns.
+// Executor: walks a plan through a Transport and a Reducer, in waves of slice columns (ring
+// plans) or one publication round per column (one-hop plans).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "ringcomm/reducer.h"
 #include "ringcomm/schedule.h"
@@ -34,6 +36,13 @@ class Executor {
  private:
   void runStep(const Collective& c, const Step& step, const Range& slice,
                const Envelope& envelope);
+  // A step of a one-hop plan in publication round `column` (schedule.h).
+  void runOneHopStep(const Collective& c, const Step& step, size_t column, size_t sliceElems,
+                     const Envelope& header);
+  // The envelope of a publication of `chunk` (-1: every chunk) in round `column`, as its writer
+  // and every reader compute it; `pieces` receives its packed layout.
+  Envelope publication(const Collective& c, const Envelope& header, int chunk, size_t column,
+                       size_t sliceElems, std::vector<Range>& pieces) const;
 
   Transport& transport_;
   Reducer& reducer_;

@@ -10,6 +10,20 @@
 //   if sendTo >= 0: send value to sendTo
 // The executor runs the whole plan once per slice column, so a chunk larger than one slice is
 // pipelined: step k of column c+1 can start while the next rank still works on column c.
+//
+// One-hop plans (one_shot, two_shot: kAlgorithms) exchange publications instead of ring
+// messages (Transport's publications): a step may read a rank's publication of a phase instead
+// of receiving (`readFrom`, any rank, itself included), and publish its value instead of sending
+// (`publishPhase`). A reading step that reduces combines with what the output already holds
+// (the steps accumulate where they store), not with the input. Each slice column is one
+// publication round: a publication of a range carries, for each chunk the range covers, that
+// chunk's slice of the column, packed in chunk order (columnPieces). Plans for rank r:
+//   one_shot all_reduce: publish the input; read every rank's in rank order 0..N-1 (its own
+//     too: every rank combines the same bytes in the same order), accumulating.
+//   two_shot all_reduce: publish the input (phase 0); reduce chunk r from every rank's phase 0
+//     in rank order, keep it and publish it (phase 1); copy every other rank's chunk (phase 1).
+//   one_shot reduce_scatter: two_shot's first half. one_shot all_gather: publish block r, copy
+//     every other rank's.
 #pragma once
 
 #include <cstddef>
@@ -27,6 +41,10 @@ struct Range {
 struct Step {
   int recvFrom = -1;  // rank received from, or -1
   int sendTo = -1;    // rank sent to, or -1
+  int readFrom = -1;  // rank whose publication of readPhase is read, or -1
+  int readPhase = 0;
+  int publishedChunk = -1;  // for a read: the chunk that publication covers, or -1: all of them
+  int publishPhase = -1;  // phase the value is published in, or -1
   int chunk = -1;     // chunk index of `range`, or -1 for a chain over the whole buffer
   Range range;
   bool reduce = false;
@@ -50,8 +68,7 @@ struct PlanRequest {
   // first element in the caller's buffer and in a transport slot has the same 16-byte
   // alignment and kernels take their vector path; see chunkAlignment().
   size_t alignElems = 1;
-  // Ring, or OneShot for all_reduce: the plan then gathers every rank's whole input (chunk r,
-  // `count` elements at r * count) and the caller reduces them (see Algorithm).
+  // Ring, OneShot or TwoShot (kAlgorithms says which collectives each plans); not Auto.
   Algorithm algorithm = Algorithm::Ring;
 };
 
@@ -69,6 +86,13 @@ Range sliceOf(const Range& range, size_t column, size_t sliceElems);
 // Number of slice columns every rank runs (at least one, so even empty collectives exchange a
 // message that carries the mismatch-check header).
 size_t columnCount(const Plan& plan, size_t sliceElems);
+// Whether the plan's steps read or write publications (a one-hop algorithm's plan).
+bool usesPublications(const Plan& plan);
+// What a publication of chunk `chunk` (-1: every chunk) holds in column `column`: the chunk's
+// slice, or every chunk's slice in chunk order, packed.
+std::vector<Range> columnPieces(const Plan& plan, int chunk, size_t column, size_t sliceElems);
+// The most chunks one publication of the plan covers (its slices must fit one publication).
+size_t chunksPerPublication(const Plan& plan);
 
 // Bytes every balanced chunk boundary (and every slice boundary inside it) is a multiple of.
 constexpr size_t kChunkAlignBytes = 16;

@@ -46,14 +46,12 @@ enum class Primitive : int32_t {
   SendRecv,
 };
 
-// How a collective moves its data. Ring: the schedule of schedule.h. OneShot (all_reduce on a
-// transport that forwards in place): every rank's whole input goes to every rank (an allgather
-// whose payloads are read where they were written), then each rank reduces them locally in rank
-// order 0..N-1, so every rank computes the same bits. Auto is a request, not a plan: the
-// communicator picks one from what every rank shares (size, world size, transport).
+// How a collective moves its data (kAlgorithms below). Auto is a request, not a plan: the
+// communicator picks one from what every rank shares (chooseAlgorithm, algorithms.h).
 enum class Algorithm : int32_t {
   Ring = 0,
   OneShot,
+  TwoShot,
   Auto,
 };
 
@@ -77,6 +75,19 @@ struct PrimitiveInfo {
   Primitive primitive;
   const char* name;  // as in torch.distributed
   bool planned;      // makePlan has a schedule for it (the rest are point-to-point)
+};
+
+// A set of primitives, as bits.
+constexpr uint32_t primitiveBit(Primitive primitive) {
+  return uint32_t{1} << static_cast<int>(primitive);
+}
+
+struct AlgorithmInfo {
+  Algorithm algorithm;
+  const char* name;     // as in CommOptions.algorithm and the per-call algorithm=
+  uint32_t primitives;  // primitiveBit()s of the collectives it plans (Auto: accepts)
+  bool oneHop;          // reads every rank's publications (Transport::publishBytes) instead of
+                        // passing ring messages
 };
 
 // Every value of each enum, in enum order (checked below).
@@ -115,6 +126,29 @@ inline constexpr PrimitiveInfo kPrimitives[] = {
     {Primitive::SendRecv, "send_recv", false},
 };
 
+// The collectives every ring plans (kPrimitives' planned rows).
+constexpr uint32_t plannedPrimitives() {
+  uint32_t bits = 0;
+  for (const PrimitiveInfo& row : kPrimitives)
+    if (row.planned) bits |= primitiveBit(row.primitive);
+  return bits;
+}
+
+// ring: schedule.h's plans, 2(N-1) steps for all_reduce, bandwidth-optimal. one_shot: every rank
+// publishes its input and reads every rank's, reducing in rank order (all_reduce: the fewest
+// hops, N times the bytes read). two_shot (all_reduce): each rank reduces its chunk from every
+// rank's publication and publishes it, then copies every other rank's chunk. See
+// docs/design.md.
+inline constexpr uint32_t kOneHopPrimitives = primitiveBit(Primitive::AllReduce) |
+                                              primitiveBit(Primitive::ReduceScatter) |
+                                              primitiveBit(Primitive::AllGather);
+inline constexpr AlgorithmInfo kAlgorithms[] = {
+    {Algorithm::Ring, "ring", plannedPrimitives(), false},
+    {Algorithm::OneShot, "one_shot", kOneHopPrimitives, true},
+    {Algorithm::TwoShot, "two_shot", primitiveBit(Primitive::AllReduce), true},
+    {Algorithm::Auto, "auto", plannedPrimitives(), false},
+};
+
 template <typename Row, size_t N, typename Key>
 constexpr bool inEnumOrder(const Row (&table)[N], Key key) {
   for (size_t i = 0; i < N; ++i)
@@ -124,12 +158,17 @@ constexpr bool inEnumOrder(const Row (&table)[N], Key key) {
 static_assert(inEnumOrder(kDataTypes, [](const DataTypeInfo& r) { return r.type; }));
 static_assert(inEnumOrder(kRedOps, [](const RedOpInfo& r) { return r.op; }));
 static_assert(inEnumOrder(kPrimitives, [](const PrimitiveInfo& r) { return r.primitive; }));
+static_assert(inEnumOrder(kAlgorithms, [](const AlgorithmInfo& r) { return r.algorithm; }));
 
 size_t dataTypeSize(DataType type);
 const char* dataTypeName(DataType type);
 const char* redOpName(RedOp op);
 const char* primitiveName(Primitive primitive);
 const char* algorithmName(Algorithm algorithm);
+// Whether `algorithm` plans (Auto: accepts) `primitive` (kAlgorithms).
+bool algorithmPlans(Algorithm algorithm, Primitive primitive);
+// Whether it runs on publications (kAlgorithms' oneHop).
+bool isOneHop(Algorithm algorithm);
 
 bool isFloatingPoint(DataType type);
 

@@ -1,0 +1,91 @@
+#include "cpu/shm_segment.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <random>
+#include <utility>
+
+#include "ringcomm/error.h"
+
+namespace ringcomm {
+namespace {
+
+// Unique across processes and across segments of one process: a killed process leaves its
+// names behind, and O_EXCL must not meet them.
+std::string uniqueName(int ownerRank) {
+  static std::atomic<uint32_t> counter{0};
+  std::random_device random;
+  return detail::concat("/ringcomm-", getpid(), "-r", ownerRank, "-", counter++, "-", std::hex,
+                        random());
+}
+
+}  // namespace
+
+ShmSegment ShmSegment::create(size_t bytes, int ownerRank) {
+  ShmSegment segment;
+  segment.name_ = uniqueName(ownerRank);
+  segment.owner_ = true;
+  segment.bytes_ = bytes;
+  const char* name = segment.name_.c_str();
+  int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+  RC_CHECK(fd >= 0, "cannot create shared memory ", name, ": ", std::strerror(errno));
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    int err = errno;
+    close(fd);
+    shm_unlink(name);
+    RC_THROW("cannot size shared memory ", name, " to ", bytes, " bytes: ", std::strerror(err),
+             " (is /dev/shm full?)");
+  }
+  void* memory = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int err = errno;
+  close(fd);
+  if (memory == MAP_FAILED) {
+    shm_unlink(name);
+    RC_THROW("cannot map shared memory ", name, ": ", std::strerror(err));
+  }
+  segment.memory_ = memory;
+  return segment;
+}
+
+ShmSegment ShmSegment::attach(const std::string& name, const char* what) {
+  ShmSegment segment;
+  segment.name_ = name;
+  int fd = shm_open(name.c_str(), O_RDWR, 0600);
+  RC_CHECK(fd >= 0, "cannot open the ", what, " ", name, " of another rank: ",
+           std::strerror(errno), " (ranks must run on one host)");
+  struct stat info {};
+  fstat(fd, &info);
+  segment.bytes_ = static_cast<size_t>(info.st_size);
+  void* memory = segment.bytes_ > 0
+                     ? mmap(nullptr, segment.bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                     : MAP_FAILED;
+  close(fd);
+  RC_CHECK(memory != MAP_FAILED, "cannot map the ", what, " ", name, " of another rank");
+  segment.memory_ = memory;
+  return segment;
+}
+
+ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
+  std::swap(name_, other.name_);
+  std::swap(memory_, other.memory_);
+  std::swap(bytes_, other.bytes_);
+  std::swap(owner_, other.owner_);
+  return *this;
+}
+
+ShmSegment::~ShmSegment() {
+  if (owner_) unlinkName();
+  if (memory_ != nullptr) munmap(memory_, bytes_);
+}
+
+void ShmSegment::unlinkName() const {
+  if (!name_.empty()) shm_unlink(name_.c_str());
+}
+
+}  // namespace ringcomm

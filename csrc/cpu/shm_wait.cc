@@ -1,0 +1,54 @@
+#include "cpu/shm_wait.h"
+
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <fstream>
+#include <string>
+
+namespace ringcomm {
+
+void futexWait(std::atomic<uint32_t>& word, uint32_t stale, int millis) {
+  timespec timeout{millis / 1000, (millis % 1000) * 1000000L};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT, stale, &timeout, nullptr, 0);
+}
+
+void futexWakeAll(std::atomic<uint32_t>& word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE, INT_MAX, nullptr, nullptr,
+          0);
+}
+
+// A process that exited is gone (ESRCH) or a zombie its parent has not reaped yet.
+bool processAlive(pid_t pid) {
+  if (pid <= 0) return true;  // not known yet
+  if (kill(pid, 0) != 0 && errno == ESRCH) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return true;
+  size_t close = line.rfind(')');
+  return close == std::string::npos || close + 2 >= line.size() || line[close + 2] != 'Z';
+}
+
+void checkAlive(const WaitTarget& target) {
+  const Peer& awaited = target.awaited;
+  if (!processAlive(awaited.pid))
+    RC_THROW_AS(PeerError, "rank ", awaited.rank, " (process ", awaited.pid,
+                ") died while this rank was waiting for it to ", target.what);
+  if (target.watched == nullptr) return;
+  for (const Peer& other : *target.watched)
+    if (!processAlive(other.pid))
+      RC_THROW_AS(PeerError, "rank ", other.rank, " (process ", other.pid,
+                  ") died while this rank was waiting for rank ", awaited.rank, " to ",
+                  target.what);
+}
+
+void throwWaitTimeout(const WaitPolicy& policy, const WaitTarget& target) {
+  RC_THROW_AS(TimeoutError, "timed out after ", policy.timeoutSeconds, " s waiting for rank ",
+              target.awaited.rank, " to ", target.what);
+}
+
+}  // namespace ringcomm

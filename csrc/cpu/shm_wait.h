@@ -1,0 +1,106 @@
+// How a rank waits on a word in shared memory that another process moves: spin (the peer runs on
+// another core), then yield (the peer may need this core: with more ranks than cores that is the
+// common case), then sleep on the futex in short slices, checking the deadline, an abort flag and
+// whether the awaited process still exists. Used by ring channels and publication boards alike.
+#pragma once
+
+#include <sched.h>
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "ringcomm/error.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define RC_CPU_RELAX() _mm_pause()
+#else
+#define RC_CPU_RELAX() std::atomic_signal_fence(std::memory_order_seq_cst)
+#endif
+
+namespace ringcomm {
+
+// A rank and its process, to check on while waiting.
+struct Peer {
+  int rank;
+  pid_t pid;
+};
+
+struct WaitPolicy {
+  double timeoutSeconds = 1800;
+  int spins = 200;          // busy polls first
+  int yieldMicros = 2000;   // then sched_yield polls for this long
+  int sleepMillis = 20;     // then futex slices
+};
+
+// What is awaited, for the error messages: "waiting for rank 3 to <what>".
+struct WaitTarget {
+  Peer awaited;
+  const std::vector<Peer>* watched = nullptr;  // other processes whose death ends the wait too
+  const char* what = "";
+};
+
+bool processAlive(pid_t pid);
+void futexWait(std::atomic<uint32_t>& word, uint32_t stale, int millis);
+void futexWakeAll(std::atomic<uint32_t>& word);
+// Raises PeerError if the awaited or a watched process has died.
+void checkAlive(const WaitTarget& target);
+[[noreturn]] void throwWaitTimeout(const WaitPolicy& policy, const WaitTarget& target);
+
+// After making a waiter's condition true (a sequentially consistent store): wakes the waiters
+// that announced a sleep on `word`, moving `word` first when it is not the store's own word.
+// Costs one load when nobody sleeps.
+inline void wakeSleepers(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleepers,
+                         bool moveWord) {
+  if (sleepers.load(std::memory_order_seq_cst) == 0) return;
+  if (moveWord) word.fetch_add(1, std::memory_order_seq_cst);
+  futexWakeAll(word);
+}
+
+// Waits until ready(). `word` changes whenever ready() may have become true (see wakeSleepers);
+// `sleepers` counts the processes asleep on it. `checkAbort` raises when the transport was
+// aborted; `watch` (called now and then once the wait is slow) may raise too.
+template <typename Ready, typename CheckAbort, typename Watch>
+void waitUntil(Ready ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleepers,
+               const WaitPolicy& policy, const WaitTarget& target, CheckAbort checkAbort,
+               Watch watch) {
+  for (int i = 0; i < policy.spins; ++i) {
+    if (ready()) return;
+    RC_CPU_RELAX();
+  }
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  const auto stopYielding = start + std::chrono::microseconds(policy.yieldMicros);
+  const auto deadline = start + std::chrono::duration<double>(policy.timeoutSeconds);
+  for (int round = 0; !ready(); ++round) {
+    if ((round & 63) == 0) checkAbort();
+    sched_yield();
+    if ((round & 15) == 15 && Clock::now() > stopYielding) break;
+  }
+  for (int round = 0;; ++round) {
+    // Read the word, then announce the sleep, then look once more. Whoever makes us ready does
+    // so, then reads the count and, if set, moves the word and wakes us (all sequentially
+    // consistent): either we see it ready, or it sees the count, and then the futex either sees
+    // the moved word or gets the wake.
+    const uint32_t stale = word.load(std::memory_order_seq_cst);
+    sleepers.fetch_add(1, std::memory_order_seq_cst);
+    bool done = ready();
+    if (!done) {
+      futexWait(word, stale, policy.sleepMillis);
+      done = ready();
+    }
+    sleepers.fetch_sub(1, std::memory_order_relaxed);
+    if (done) return;
+    checkAbort();
+    if ((round & 3) == 3) {
+      checkAlive(target);
+      watch();
+    }
+    if (Clock::now() > deadline) throwWaitTimeout(policy, target);
+  }
+}
+
+}  // namespace ringcomm
