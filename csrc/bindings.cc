@@ -144,6 +144,10 @@ PYBIND11_MODULE(_C, m) {
     algorithmPrimitives[row.name] = plans;
   }
   m.attr("ALGORITHM_PRIMITIVES") = algorithmPrimitives;
+  py::dict thresholds;  // CommOptions' defaults
+  thresholds["one_shot_max_bytes"] = AlgorithmThresholds{}.oneShotMaxBytes;
+  thresholds["two_shot_max_bytes"] = AlgorithmThresholds{}.twoShotMaxBytes;
+  m.attr("DEFAULT_THRESHOLDS") = thresholds;
   py::list planned;  // the collectives the schedule covers, in enum order
   for (const PrimitiveInfo& row : kPrimitives)
     if (row.planned) planned.append(row.primitive);

@@ -10,12 +10,12 @@
 
 namespace ringcomm {
 
-// Provisional defaults (CommOptions one_shot_max_bytes / two_shot_max_bytes override them);
-// docs/design.md says what they rest on.
+// Provisional defaults, also CommOptions' (one_shot_max_bytes / two_shot_max_bytes override
+// them); docs/design.md says what they rest on.
 struct AlgorithmThresholds {
-  size_t oneShotMaxBytes = 32 * 1024;    // all_reduce: one_shot up to here
-  size_t twoShotMaxBytes = 1024 * 1024;  // all_reduce: two_shot up to here; reduce_scatter
-                                         // and all_gather (two_shot's halves): one_shot
+  size_t oneShotMaxBytes = 32 * 1024;   // all_reduce: one_shot up to here
+  size_t twoShotMaxBytes = 512 * 1024;  // all_reduce: two_shot up to here; reduce_scatter and
+                                        // all_gather (two_shot's halves): one_shot
 };
 
 // `bytes`: the whole tensor of an all_reduce, the input of a reduce_scatter, the output of an
