@@ -218,6 +218,8 @@ def test_transports_without_publications_run_auto_as_the_ring_and_refuse_one_hop
         comm.resolve_algorithm(A.two_shot, P.all_gather, 8)
     assert set(ALGORITHM_PRIMITIVES["one_shot"]) == {"all_reduce", "reduce_scatter", "all_gather"}
     assert ALGORITHM_PRIMITIVES["two_shot"] == ("all_reduce",)
+    with pytest.raises(ringcomm.RingcommError, match="publications must hold at least 64 bytes"):
+        C.ShmTransport(0, 2, 4096, 4, 5.0, 0, publish_bytes=32)
     alone = C.Communicator(0, 1, C.ShmTransport(0, 1, 4096, 4, 5.0, 0), C.CpuReducer(), 4096)
     assert alone.resolve_algorithm(A.two_shot, P.all_reduce, 8) == A.ring  # nothing to exchange
 

@@ -11,6 +11,7 @@ ShmTransport::ShmTransport(int rank, int worldSize, ShmOptions options)
       prev_((rank + worldSize - 1) % worldSize),
       options_(options) {
   RC_CHECK(options.slotBytes >= 64, "shared-memory slots must hold at least 64 bytes");
+  RC_CHECK(options.publishBytes >= 64, "shared-memory publications must hold at least 64 bytes");
   if (worldSize == 1) return;
   channels_.resize(worldSize);
   outgoing() = ShmChannel::create(options.slotBytes, options.slotCount, rank);
