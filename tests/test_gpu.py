@@ -356,7 +356,7 @@ def _on_ring(rank, world, body):
                        library_hint=hint)
     comm = _C.Communicator(rank, world, ring.transport, ring.reducer, SLICE_BYTES)
     try:
-        body(comm, ring, rank, world, store)
+        return body(comm, ring, rank, world, store)
     finally:
         comm.close()
         ring.release()
@@ -696,3 +696,84 @@ def _api_point_to_point(rank, world):
 
 def test_python_point_to_point_on_cuda():
     launch(WORLDS[0], _api_point_to_point, timeout=240, **ON_SHARED_GPU)
+
+
+# -- one-hop algorithms: publications over NCCL -------------------------------------------------
+
+PUBLISH_BYTES = 1 << 20  # CudaRing's default publish_bytes
+
+
+def _publication_rounds(comm, ring, rank, world, store):
+    """The transport's publications straight, as a one-hop plan drives them: rounds back to
+    back with no host wait between them (both phases, parities alternating, zero bytes and the
+    largest publication included); every rank's data lands where it belongs."""
+    stream = torch.cuda.current_stream().cuda_stream
+    rounds = []
+    for k, n in enumerate([1, 1000, 0, PUBLISH_BYTES // 4, 7, 65539, 3]):
+        phases = 1 + k % 2
+        sources = [_values(rank * 10 + 2 * k + p, n, torch.int32) for p in range(phases)]
+        outputs = [[torch.full((n,), -1, dtype=torch.int32, device="cuda") for _ in range(world)]
+                   for _ in range(phases)]
+        _C.testing.publication_round(ring, rank, stream, [s.data_ptr() for s in sources], 4 * n,
+                                     [[o.data_ptr() for o in row] for row in outputs])
+        rounds.append((k, n, sources, outputs))
+    torch.cuda.synchronize()
+    ring.synchronize(60.0)
+    for k, n, _, outputs in rounds:
+        for p, row in enumerate(outputs):
+            for owner, out in enumerate(row):
+                _assert_same(out, _values(owner * 10 + 2 * k + p, n, torch.int32),
+                             f"round {k} phase {p}: rank {owner}'s publication, n={n}")
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_publication_rounds(world):
+    launch(world, _on_ring, _publication_rounds, timeout=240, **ON_SHARED_GPU)
+
+
+ONE_HOP = [name for name in ("one_shot", "two_shot") if hasattr(_C, "Algorithm")
+           and name in _C.Algorithm.__members__] if _C is not None else []
+
+
+def _one_hop_all_reduce(comm, ring, rank, world, store):
+    """Exact sums (and avg, max, min, prod) for every one-hop algorithm the core offers on NCCL,
+    against the same reference as the ring; float results have the same bits on every rank.
+    Returns the algorithms the core refused on this transport (not built for it yet)."""
+    stream = torch.cuda.current_stream().cuda_stream
+    refused = []
+    for name in ONE_HOP:
+        algorithm = _C.Algorithm.__members__[name]
+        try:
+            comm.choose_all_reduce(algorithm, 8, _C.DataType.float32, _C.DataType.float32)
+        except _C.RingcommError as e:
+            refused.append(f"{name}: {e}")
+            continue
+        for n in [0, 1, 7, world - 1, 1000, 65539]:
+            for dtype_name, op in REDUCE_CASES:
+                dt, cdt = DTYPES[dtype_name], getattr(_C.DataType, dtype_name)
+                if n * dt.itemsize > PUBLISH_BYTES:
+                    continue
+                x = _values(rank, n, dt)
+                comm.all_reduce(x.data_ptr(), n, cdt, getattr(_C.RedOp, op), stream=stream,
+                                algorithm=algorithm)
+                _assert_same(x, _expected(op, world, n, dt), f"{name} {dtype_name} {op} n={n}")
+            gen = torch.Generator(device="cuda").manual_seed(7 + rank)
+            x = torch.randn(n, generator=gen, device="cuda")
+            comm.all_reduce(x.data_ptr(), n, _C.DataType.float32, _C.RedOp.sum, stream=stream,
+                            algorithm=algorithm)
+            everyone = torch.empty(world * n, device="cuda")
+            comm.all_gather(everyone.data_ptr(), x.data_ptr(), n, _C.DataType.float32, stream)
+            for r in range(world):
+                _assert_bits(everyone[r * n:(r + 1) * n], x,
+                             f"{name} float sum n={n}: rank {r} differs from rank {rank}")
+    ring.synchronize(60.0)
+    return refused
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_one_hop_all_reduce_exact(world):
+    if not ONE_HOP:
+        pytest.skip("this build has no one-hop algorithm")
+    refused = launch(world, _on_ring, _one_hop_all_reduce, timeout=240, **ON_SHARED_GPU)
+    if refused[0]:
+        pytest.skip("refused on NCCL by the core: " + "; ".join(refused[0]))

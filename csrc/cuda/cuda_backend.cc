@@ -87,6 +87,7 @@ CudaRing::CudaRing(const CudaRingOptions& options) {
   t.uniqueId = options.uniqueId;
   t.slotBytes = options.sliceBytes;
   t.slots = options.slots;
+  t.publishBytes = options.publishBytes;
   t.timeoutSeconds = options.timeoutSeconds;
   t.libraryHint = options.libraryHint;
   transport_ = std::make_shared<NcclTransport>(t);
@@ -110,6 +111,40 @@ void CudaRing::synchronize(double timeoutSeconds) {
 
 void CudaRing::abort(const std::string& why) {
   if (transport_) transport_->abort(why);
+}
+
+void publicationRound(CudaRing& ring, int rank, uintptr_t stream,
+                      const std::vector<uintptr_t>& sources, size_t bytes,
+                      const std::vector<std::vector<uintptr_t>>& outputs) {
+  RC_CHECK(ring.transport() != nullptr, "this CUDA ring was released");
+  RC_CHECK(sources.size() == outputs.size() && !sources.empty() && sources.size() <= 2,
+           "one source and one row of outputs per phase (1 or 2 phases)");
+  Transport& transport = *ring.transport();
+  Reducer& reducer = *ring.reducer();
+  auto envelope = [&](int owner) {
+    Envelope e;
+    e.bytes = bytes;
+    e.offset = static_cast<uint64_t>(owner);
+    return e;
+  };
+  try {
+    transport.begin(stream);
+    for (size_t phase = 0; phase < sources.size(); ++phase) {
+      const int p = static_cast<int>(phase);
+      void* own = transport.acquirePublish(p, bytes);
+      reducer.copy(own, nullptr, reinterpret_cast<const void*>(sources[phase]), bytes);
+      transport.commitPublish(p, envelope(rank));
+      for (size_t peer = 0; peer < outputs[phase].size(); ++peer) {
+        const int q = static_cast<int>(peer);
+        const void* theirs = transport.acquirePublished(q, p, envelope(q));
+        reducer.copy(reinterpret_cast<void*>(outputs[phase][peer]), nullptr, theirs, bytes);
+      }
+    }
+    transport.end();
+  } catch (const Error& e) {
+    transport.abort(e.what());
+    throw;
+  }
 }
 
 void CudaRing::release() {
