@@ -65,8 +65,9 @@ py::list traceP2p(int rank, int worldSize, const py::list& program, DataType typ
 }
 
 // One rank's NCCL groups and publication events for a program of ("publish", phase, bytes),
-// ("read", peer, phase, bytes), ("send"|"recv", peer, bytes) (ring messages through slots) and
-// ("end",) (a collective ends), as NcclTransport issues them (publications.h). Envelopes name
+// ("expect", phase, [bytes per rank]), ("read", peer, phase, bytes), ("send"|"recv", peer,
+// bytes) (ring messages through slots) and ("end",) (a collective ends), as NcclTransport
+// issues them (publications.h). Envelopes name
 // the round and the publishing rank. Returns (events, staging bytes); events are
 // ("group", [(kind, peer, bytes, message, staged, area)]), ("write", area, round, phase, bytes)
 // and ("read", area, peer, round, phase, bytes).
@@ -90,6 +91,8 @@ py::tuple tracePublications(int rank, int worldSize, const py::list& program, in
       if (phase == 0) round = trace.rounds();  // the round this publication starts
       trace.acquirePublish(phase, bytes);
       trace.commitPublish(phase, envelope(rank, bytes));
+    } else if (kind == "expect") {
+      trace.expectPublished(call[1].cast<int>(), call[2].cast<std::vector<size_t>>());
     } else if (kind == "read") {
       trace.acquirePublished(call[1].cast<int>(), call[2].cast<int>(),
                              envelope(call[1].cast<int>(), call[3].cast<size_t>()));

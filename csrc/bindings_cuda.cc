@@ -54,8 +54,8 @@ void bindCuda(py::module_& m) {
         py::arg("bytes"), py::arg("stream") = 0, release);
 
   testing.def("publication_round", &publicationRound, py::arg("ring"), py::arg("rank"),
-              py::arg("stream"), py::arg("sources"), py::arg("bytes"), py::arg("outputs"),
-              release,
+              py::arg("stream"), py::arg("sources"), py::arg("bytes_per_rank"),
+              py::arg("outputs"), release,
               "One round of the NCCL transport's publications (sources[phase] published, every "
               "rank's copied to outputs[phase][rank]), as a one-hop plan runs it");
 

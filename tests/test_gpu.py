@@ -705,25 +705,30 @@ PUBLISH_BYTES = 1 << 20  # CudaRing's default publish_bytes
 
 def _publication_rounds(comm, ring, rank, world, store):
     """The transport's publications straight, as a one-hop plan drives them: rounds back to
-    back with no host wait between them (both phases, parities alternating, zero bytes and the
-    largest publication included); every rank's data lands where it belongs."""
+    back with no host wait between them (both phases, parities alternating, zero bytes, the
+    largest publication, and uneven sizes declared up front as two_shot's chunks would be);
+    every rank's data lands where it belongs."""
     stream = torch.cuda.current_stream().cuda_stream
     rounds = []
-    for k, n in enumerate([1, 1000, 0, PUBLISH_BYTES // 4, 7, 65539, 3]):
+    sizes = [[n] * world for n in (1, 1000, 0, PUBLISH_BYTES // 4, 7, 65539)]
+    sizes += [[(1000 + r) // world for r in range(world)], [1] + [0] * (world - 1)]
+    for k, counts in enumerate(sizes):
         phases = 1 + k % 2
-        sources = [_values(rank * 10 + 2 * k + p, n, torch.int32) for p in range(phases)]
-        outputs = [[torch.full((n,), -1, dtype=torch.int32, device="cuda") for _ in range(world)]
+        sources = [_values(rank * 10 + 2 * k + p, counts[rank], torch.int32)
+                   for p in range(phases)]
+        outputs = [[torch.full((c,), -1, dtype=torch.int32, device="cuda") for c in counts]
                    for _ in range(phases)]
-        _C.testing.publication_round(ring, rank, stream, [s.data_ptr() for s in sources], 4 * n,
+        _C.testing.publication_round(ring, rank, stream, [s.data_ptr() for s in sources],
+                                     [4 * c for c in counts],
                                      [[o.data_ptr() for o in row] for row in outputs])
-        rounds.append((k, n, sources, outputs))
+        rounds.append((k, counts, sources, outputs))
     torch.cuda.synchronize()
     ring.synchronize(60.0)
-    for k, n, _, outputs in rounds:
+    for k, counts, _, outputs in rounds:
         for p, row in enumerate(outputs):
             for owner, out in enumerate(row):
-                _assert_same(out, _values(owner * 10 + 2 * k + p, n, torch.int32),
-                             f"round {k} phase {p}: rank {owner}'s publication, n={n}")
+                _assert_same(out, _values(owner * 10 + 2 * k + p, counts[owner], torch.int32),
+                             f"round {k} phase {p}: rank {owner}'s publication, {counts}")
 
 
 @pytest.mark.parametrize("world", WORLDS)

@@ -439,6 +439,40 @@ def test_publications_match_up_and_carry_the_right_round_and_phase(n):
             assert staging == (2 * n + 2) * PUBLISH_BYTES
 
 
+def _balanced(count, n):
+    return [count // n + (1 if i < count % n else 0) for i in range(n)]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 8])
+def test_uneven_publications_with_declared_sizes(n):
+    """two_shot's shape: phase 0 the whole input, phase 1 this rank's chunk of uneven size
+    (fewer elements than ranks included), every rank's size declared before the phase's first
+    read; each receive is posted with its sender's size, and zero-byte ones are left out."""
+    counts = [1, n - 1, 1000, 12345, 0, 2 * n + 1]
+    programs = []
+    for r in range(n):
+        program = []
+        for count in counts:
+            chunks = [4 * c for c in _balanced(count, n)]
+            program.append(("publish", 0, 4 * count))
+            program += [("read", p, 0, 4 * count) for p in range(n)]
+            program += [("publish", 1, chunks[r]), ("expect", 1, chunks)]
+            program += [("read", (r + i) % n, 1, chunks[(r + i) % n]) for i in range(n)]
+            program.append(("end",))
+        programs.append(program)
+    traces = publication_traces(programs, publish_bytes=4 * 12345)
+    assert not replay_flow([events for events, _ in traces])
+    for r, (events, _) in enumerate(traces):
+        after_phase_one = [events[i + 1] for i, e in enumerate(events)
+                           if e[0] == "write" and e[3] == 1]
+        for count, event in zip(counts, after_phase_one):
+            chunks = [4 * c for c in _balanced(count, n)]
+            want = sorted([("send", p, chunks[r]) for p in range(n) if p != r and chunks[r]]
+                          + [("recv", p, chunks[p]) for p in range(n) if p != r and chunks[p]])
+            got = sorted(op[:3] for op in event[1]) if event[0] == "group" else []
+            assert got == want, (r, count)
+
+
 def test_own_publications_alternate_by_round_parity():
     """A round may still read its own area while the next one's is written: own areas of
     consecutive rounds differ, rounds two apart share one."""
@@ -472,7 +506,13 @@ def test_flow_replay_catches_wrong_data_and_missing_exchanges():
 
 @pytest.mark.parametrize("program,error", [
     ([("read", 1, 0, 8)], "before this rank published it"),
-    ([("publish", 0, 8), ("read", 1, 0, 16)], "one size"),
+    ([("publish", 0, 8), ("read", 1, 0, 16)], "without declared sizes"),
+    ([("publish", 0, 8), ("expect", 0, [8, 16]), ("read", 1, 0, 8)], "the declared size differs"),
+    ([("publish", 0, 8), ("expect", 0, [16, 8]), ("read", 1, 0, 8)], "declared 16"),
+    ([("publish", 0, 8), ("expect", 0, [8])], "for 1 ranks in a world of 2"),
+    ([("publish", 0, 8), ("expect", 0, [8, PUBLISH_BYTES + 1])], "exceeds"),
+    ([("expect", 0, [8, 8])], "declared in a round"),
+    ([("publish", 0, 8), ("read", 1, 0, 8), ("expect", 0, [8, 8])], "before its first read"),
     ([("publish", 0, 8), ("read", 0, 0, 16)], "own publication of phase 0"),
     ([("publish", 0, PUBLISH_BYTES + 1)], "exceeds"),
     ([("publish", 1, 8)], "after phase 0"),

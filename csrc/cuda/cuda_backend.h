@@ -82,11 +82,13 @@ class CudaRing {
 };
 
 // Test entry point: one round of publications straight through the ring's transport, as a
-// one-hop plan runs it: per phase, publish `bytes` from sources[phase] (device memory) and copy
-// every rank's publication of that phase into outputs[phase][rank], stream-ordered after
-// `stream`. Every rank calls it together; a failure aborts the transport.
+// one-hop plan runs it: per phase, publish bytesPerRank[rank] bytes from sources[phase] (device
+// memory) and copy every rank r's publication of that phase (bytesPerRank[r] bytes, declared
+// when they differ) into outputs[phase][r], stream-ordered after `stream`. Every rank calls it
+// together with the same sizes; a failure aborts the transport.
 void publicationRound(CudaRing& ring, int rank, uintptr_t stream,
-                      const std::vector<uintptr_t>& sources, size_t bytes,
+                      const std::vector<uintptr_t>& sources,
+                      const std::vector<size_t>& bytesPerRank,
                       const std::vector<std::vector<uintptr_t>>& outputs);
 
 // Adds the CUDA functions and classes to the extension module (csrc/bindings_cuda.cc).

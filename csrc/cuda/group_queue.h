@@ -159,6 +159,9 @@ class GroupTrace : public Transport, public Reducer {
     events.push_back({TracedEvent::Write, 0, -1, phase, publications_.rounds() - 1, published_,
                       static_cast<size_t>(e.bytes)});
   }
+  void expectPublished(int phase, const std::vector<size_t>& bytesPerRank) {
+    publications_.expect(phase, bytesPerRank);
+  }
   const void* acquirePublished(int peer, int phase, const Envelope& e) override {
     std::vector<PublishOp> exchange;
     const size_t area = publications_.read(peer, phase, e, exchange);

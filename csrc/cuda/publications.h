@@ -11,11 +11,12 @@
 // operation that is not yet enqueued, and no order inside a group matters.
 //
 // Sizes. A receive must be posted with exactly the size its peer sends, and the sizes are
-// needed at the phase's first read, before the other peers' expected envelopes are known: every
-// rank's publication of a phase must have the same size (one_shot's inputs, two_shot's phase 0;
-// a plan publishing uneven chunks must pad them). A read whose expected size differs raises
-// MismatchError instead of reducing garbage. NCCL carries no header, so the other envelope
-// fields of a peer cannot be checked (the debug mode's pre-check compares them before the call).
+// needed at the phase's first read, before the other peers' expected envelopes are known. So
+// every rank's publication of a phase has this rank's own size (one_shot's inputs, two_shot's
+// phase 0), unless expect() declared every rank's size first (two_shot's uneven chunks; not yet
+// part of the Transport interface). A read whose expected size differs raises MismatchError
+// instead of reducing garbage. NCCL carries no header, so the other envelope fields of a peer
+// cannot be checked (the debug mode's pre-check compares them before the call).
 //
 // Lifetimes. Own publications are double-buffered by round parity (a round may still read its
 // own area while the next round's is written). Peers' copies need one area per phase: the next
@@ -98,6 +99,19 @@ class Publications {
     phases_[phase].envelope = envelope;
   }
 
+  // Every rank's size of its publication of `phase` this round, before the phase's first read.
+  void expect(int phase, const std::vector<size_t>& bytesPerRank) {
+    checkPhase(phase);
+    RC_CHECK(rounds_ > 0 && !phases_[phase].exchanged,
+             "publication sizes of phase ", phase, " are declared in a round, before its first read");
+    RC_CHECK(bytesPerRank.size() == static_cast<size_t>(worldSize_), "publication sizes for ",
+             bytesPerRank.size(), " ranks in a world of ", worldSize_);
+    for (size_t bytes : bytesPerRank)
+      RC_CHECK(bytes <= bytes_, "a ", bytes, "-byte publication exceeds the ", bytes_,
+               "-byte NCCL publication area (publish_bytes)");
+    phases_[phase].sizes = bytesPerRank;
+  }
+
   // acquirePublished: the area holding `peer`'s publication of `phase` this round. At the
   // phase's first read `exchange` receives the operations to issue before anything reads it.
   size_t read(int peer, int phase, const Envelope& expected, std::vector<PublishOp>& exchange) {
@@ -110,25 +124,28 @@ class Publications {
              " before this rank published it: on NCCL a publication travels in one exchange "
              "with every peer, both ways (", describeEnvelope(expected), ")");
     const Envelope& own = p.envelope;
+    if (!p.sizes.empty())
+      RC_CHECK(p.sizes[rank_] == own.bytes, "this rank published ", own.bytes,
+               " bytes in phase ", phase, " but declared ", p.sizes[rank_]);
     if (peer == rank_) {
       if (!(expected == own))
         RC_THROW_AS(MismatchError, "own publication of phase ", phase, " is ",
                     describeEnvelope(own), ", expected ", describeEnvelope(expected));
-    } else if (expected.bytes != own.bytes) {
+    } else if (expected.bytes != sizeOf(peer, phase)) {
       RC_THROW_AS(MismatchError, "rank ", peer, "'s publication of phase ", phase,
-                  " is expected with ", expected.bytes, " bytes, but NCCL exchanges a phase at "
-                  "one size and this rank published ", own.bytes, " (", describeEnvelope(expected),
-                  "): plans must publish the same size on every rank");
+                  " is expected with ", expected.bytes, " bytes, but the NCCL exchange received ",
+                  sizeOf(peer, phase), " (", describeEnvelope(expected), "): ",
+                  p.sizes.empty() ? "without declared sizes every rank publishes this rank's size"
+                                  : "the declared size differs");
     }
     if (!p.exchanged) {
       p.exchanged = true;
-      if (own.bytes > 0) {
-        for (int step = 1; step < worldSize_; ++step) {
-          const int to = (rank_ + step) % worldSize_;
-          const int from = (rank_ - step + worldSize_) % worldSize_;
-          exchange.push_back({true, to, own.bytes, ownOffset(phase, parity())});
-          exchange.push_back({false, from, own.bytes, peerOffset(from, phase)});
-        }
+      for (int step = 1; step < worldSize_; ++step) {
+        const int to = (rank_ + step) % worldSize_;
+        const int from = (rank_ - step + worldSize_) % worldSize_;
+        if (own.bytes > 0) exchange.push_back({true, to, own.bytes, ownOffset(phase, parity())});
+        if (sizeOf(from, phase) > 0)
+          exchange.push_back({false, from, sizeOf(from, phase), peerOffset(from, phase)});
       }
     }
     return peer == rank_ ? ownOffset(phase, parity()) : peerOffset(peer, phase);
@@ -149,7 +166,13 @@ class Publications {
     bool committed = false;
     bool exchanged = false;
     Envelope envelope;
+    std::vector<size_t> sizes;  // declared by expect(), else every rank's is this rank's
   };
+
+  size_t sizeOf(int peer, int phase) const {
+    const Phase& p = phases_[phase];
+    return p.sizes.empty() ? static_cast<size_t>(p.envelope.bytes) : p.sizes[peer];
+  }
 
   int parity() const { return static_cast<int>((rounds_ - 1) & 1); }
   static void checkPhase(int phase) {
