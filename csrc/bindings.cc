@@ -64,13 +64,31 @@ py::list traceP2p(int rank, int worldSize, const py::list& program, DataType typ
   return groupsToList(trace->groups);
 }
 
+// A GroupTrace's events: ("group", [(kind, peer, bytes, message, staged, area)]),
+// ("write", area, round, phase, bytes) and ("read", area, peer, round, phase, bytes).
+py::list eventsToList(const GroupTrace& trace) {
+  py::list events;
+  for (const TracedEvent& e : trace.events) {
+    if (e.kind == TracedEvent::Group) {
+      py::list ops;
+      for (const TracedOp& op : trace.groups[e.group])
+        ops.append(py::make_tuple(op.send ? "send" : "recv", op.peer, op.bytes, op.message,
+                                  op.staged, op.area));
+      events.append(py::make_tuple("group", ops));
+    } else if (e.kind == TracedEvent::Write) {
+      events.append(py::make_tuple("write", e.area, e.round, e.phase, e.bytes));
+    } else {
+      events.append(py::make_tuple("read", e.area, e.peer, e.round, e.phase, e.bytes));
+    }
+  }
+  return events;
+}
+
 // One rank's NCCL groups and publication events for a program of ("publish", phase, bytes),
 // ("expect", phase, [bytes per rank]), ("read", peer, phase, bytes), ("send"|"recv", peer,
 // bytes) (ring messages through slots) and ("end",) (a collective ends), as NcclTransport
-// issues them (publications.h). Envelopes name
-// the round and the publishing rank. Returns (events, staging bytes); events are
-// ("group", [(kind, peer, bytes, message, staged, area)]), ("write", area, round, phase, bytes)
-// and ("read", area, peer, round, phase, bytes).
+// issues them (publications.h). Envelopes name the round and the publishing rank. Returns
+// (events as eventsToList, staging bytes).
 py::tuple tracePublications(int rank, int worldSize, const py::list& program, int slots,
                             size_t slotBytes, size_t publishBytes) {
   GroupTrace trace(slots, slotBytes, rank, worldSize, publishBytes);
@@ -110,21 +128,19 @@ py::tuple tracePublications(int rank, int worldSize, const py::list& program, in
     }
   }
   trace.end();
-  py::list events;
-  for (const TracedEvent& e : trace.events) {
-    if (e.kind == TracedEvent::Group) {
-      py::list ops;
-      for (const TracedOp& op : trace.groups[e.group])
-        ops.append(py::make_tuple(op.send ? "send" : "recv", op.peer, op.bytes, op.message,
-                                  op.staged, op.area));
-      events.append(py::make_tuple("group", ops));
-    } else if (e.kind == TracedEvent::Write) {
-      events.append(py::make_tuple("write", e.area, e.round, e.phase, e.bytes));
-    } else {
-      events.append(py::make_tuple("read", e.area, e.peer, e.round, e.phase, e.bytes));
-    }
-  }
-  return py::make_tuple(events, trace.stagingBytes());
+  return py::make_tuple(eventsToList(trace), trace.stagingBytes());
+}
+
+// One rank's events for one collective from the real plan and executor (one-hop algorithms
+// publish), as tracePublications returns them.
+py::list tracePlan(Primitive primitive, int rank, int worldSize, size_t count,
+                   Algorithm algorithm, DataType type, int slots, size_t slotBytes,
+                   size_t publishBytes) {
+  GroupTrace trace(slots, slotBytes, rank, worldSize, publishBytes);
+  PlanRequest request{primitive, rank, worldSize, count, 0, chunkAlignment(type, type),
+                      algorithm};
+  runTrace(trace, request, type, slotBytes);
+  return eventsToList(trace);
 }
 
 py::dict planToDict(const Plan& plan) {
@@ -387,6 +403,11 @@ PYBIND11_MODULE(_C, m) {
               py::arg("publish_bytes"),
               "NcclTransport's publication exchange on `rank` for a program of publish, read, "
               "send, recv and end calls (see tracePublications), without a GPU");
+  testing.def("trace_nccl_plan", &tracePlan, py::arg("primitive"), py::arg("rank"),
+              py::arg("world_size"), py::arg("count"), py::arg("algorithm"), py::arg("dtype"),
+              py::arg("slots"), py::arg("slot_bytes"), py::arg("publish_bytes"),
+              "NcclTransport's groups and publication events on `rank` for one collective "
+              "(any algorithm), from the real plan and executor, without a GPU");
 
   testing.def(
       "column_count",

@@ -65,7 +65,7 @@ void bindCuda(py::module_& m) {
       ".reducer to Communicator. Every rank of the ring constructs it together. publish_bytes: "
       "the largest publication of the one-hop algorithms (one_shot, two_shot) per rank and "
       "phase, exchanged over NCCL; costs (2 x world_size + 2) x publish_bytes of device memory; "
-      "0 offers the ring only")
+      "0 (the default) offers the ring only")
       .def(py::init([](int rank, int worldSize, int device, const py::bytes& uniqueId,
                        size_t sliceBytes, int slots, double timeout, const std::string& hint,
                        size_t publishBytes) {

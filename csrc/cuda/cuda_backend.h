@@ -51,9 +51,11 @@ struct CudaRingOptions {
   std::string uniqueId;          // 128 bytes
   size_t sliceBytes = 4 << 20;   // pipeline slice (also the NCCL staging slot size)
   int slots = 8;                 // staging slots per direction; slots/2 slice columns in flight
-  // Largest publication of the one-hop algorithms per rank and phase (0: ring only); device
-  // memory (2 x worldSize + 2) x publishBytes: 18 MiB per rank at 8 ranks.
-  size_t publishBytes = 1 << 20;
+  // Largest publication of the one-hop algorithms per rank and phase; device memory
+  // (2 x worldSize + 2) x publishBytes (1 MiB: 18 MiB per rank at 8 ranks). 0, the default
+  // until two_shot's uneven chunks can be declared through Transport and a GPU has run it:
+  // none, so `auto` keeps the ring on NCCL.
+  size_t publishBytes = 0;
   double timeoutSeconds = 600.0;
   std::string libraryHint;
 };

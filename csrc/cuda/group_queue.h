@@ -211,12 +211,9 @@ class GroupTrace : public Transport, public Reducer {
   char scratch_[16] = {};
 };
 
-// The groups rank `rank` issues for one collective (buffers are fake: nothing is read).
-// Plans that publish (one-hop algorithms) need `publishBytes` of room per publication.
-inline std::vector<std::vector<TracedOp>> traceGroups(const PlanRequest& request, DataType type,
-                                                      int slots, size_t slotBytes,
-                                                      size_t publishBytes = 0) {
-  GroupTrace trace(slots, slotBytes, request.rank, request.worldSize, publishBytes);
+// Runs rank `request.rank`'s plan through `trace` (buffers are fake: nothing is read).
+inline void runTrace(GroupTrace& trace, const PlanRequest& request, DataType type,
+                     size_t slotBytes) {
   Collective c;
   c.plan = makePlan(request);
   c.spec = ReduceSpec{type, RedOp::Sum, request.worldSize, type};
@@ -225,6 +222,13 @@ inline std::vector<std::vector<TracedOp>> traceGroups(const PlanRequest& request
   c.input = c.output = BufferView{fake, 0, all};
   if (request.worldSize > 1) Executor(trace, trace, slotBytes).run(c);
   trace.end();
+}
+
+// The groups rank `rank` issues for one collective.
+inline std::vector<std::vector<TracedOp>> traceGroups(const PlanRequest& request, DataType type,
+                                                      int slots, size_t slotBytes) {
+  GroupTrace trace(slots, slotBytes, request.rank, request.worldSize);
+  runTrace(trace, request, type, slotBytes);
   return trace.groups;
 }
 

@@ -99,7 +99,8 @@ class Publications {
     phases_[phase].envelope = envelope;
   }
 
-  // Every rank's size of its publication of `phase` this round, before the phase's first read.
+  // Every rank's size of its publication of `phase` this round, before the phase's first read
+  // (this rank's own entry is not used: its size is its commit's).
   void expect(int phase, const std::vector<size_t>& bytesPerRank) {
     checkPhase(phase);
     RC_CHECK(rounds_ > 0 && !phases_[phase].exchanged,
@@ -124,9 +125,6 @@ class Publications {
              " before this rank published it: on NCCL a publication travels in one exchange "
              "with every peer, both ways (", describeEnvelope(expected), ")");
     const Envelope& own = p.envelope;
-    if (!p.sizes.empty())
-      RC_CHECK(p.sizes[rank_] == own.bytes, "this rank published ", own.bytes,
-               " bytes in phase ", phase, " but declared ", p.sizes[rank_]);
     if (peer == rank_) {
       if (!(expected == own))
         RC_THROW_AS(MismatchError, "own publication of phase ", phase, " is ",
@@ -166,12 +164,13 @@ class Publications {
     bool committed = false;
     bool exchanged = false;
     Envelope envelope;
-    std::vector<size_t> sizes;  // declared by expect(), else every rank's is this rank's
+    std::vector<size_t> sizes;  // declared by expect(), else every peer's is this rank's
   };
 
   size_t sizeOf(int peer, int phase) const {
     const Phase& p = phases_[phase];
-    return p.sizes.empty() ? static_cast<size_t>(p.envelope.bytes) : p.sizes[peer];
+    return p.sizes.empty() || peer == rank_ ? static_cast<size_t>(p.envelope.bytes)
+                                            : p.sizes[peer];
   }
 
   int parity() const { return static_cast<int>((rounds_ - 1) & 1); }
