@@ -200,7 +200,7 @@ void NcclTransport::issue(const std::vector<QueuedSend>& sends, const Receive* r
   }
 }
 
-// -- publications (see publications.h) -------------------------------------------------------------
+// -- publications (see publications.h) -----------------------------------------------------------
 //   own area:    compute writes it    -> (all compute so far) -> the exchange group that sends it
 //   peer copies: the exchange group   -> commAll              -> every kernel after it
 // The group waits for all compute enqueued before it, so it also comes after every kernel that

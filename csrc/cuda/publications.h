@@ -50,12 +50,16 @@ class Publications {
 
   // `bytes`: the largest publication (0: none; every call then fails).
   Publications(int rank, int worldSize, size_t bytes)
-      : rank_(rank), worldSize_(worldSize), bytes_(bytes), stride_((bytes + kAlign - 1) / kAlign * kAlign) {}
+      : rank_(rank),
+        worldSize_(worldSize),
+        bytes_(bytes),
+        stride_((bytes + kAlign - 1) / kAlign * kAlign) {}
 
   size_t bytes() const { return bytes_; }
   // The staging allocation: own areas per phase and parity, then one per peer and phase.
   size_t stagingBytes() const {
-    return bytes_ == 0 ? 0 : stride_ * static_cast<size_t>(2 * kPhases + kPhases * (worldSize_ - 1));
+    if (bytes_ == 0) return 0;
+    return stride_ * static_cast<size_t>(2 * kPhases + kPhases * (worldSize_ - 1));
   }
   size_t ownOffset(int phase, int parity) const {
     return stride_ * static_cast<size_t>(phase * 2 + parity);
@@ -103,8 +107,8 @@ class Publications {
   // (this rank's own entry is not used: its size is its commit's).
   void expect(int phase, const std::vector<size_t>& bytesPerRank) {
     checkPhase(phase);
-    RC_CHECK(rounds_ > 0 && !phases_[phase].exchanged,
-             "publication sizes of phase ", phase, " are declared in a round, before its first read");
+    RC_CHECK(rounds_ > 0 && !phases_[phase].exchanged, "publication sizes of phase ", phase,
+             " are declared in a round, before its first read");
     RC_CHECK(bytesPerRank.size() == static_cast<size_t>(worldSize_), "publication sizes for ",
              bytesPerRank.size(), " ranks in a world of ", worldSize_);
     for (size_t bytes : bytesPerRank)
