@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "cuda/cuda_backend.h"
 #include "ringcomm/error.h"
@@ -52,12 +53,22 @@ void bindCuda(py::module_& m) {
   testing.def("copy_kernel", &copyOnDevice, py::arg("out0"), py::arg("out1"), py::arg("src"),
         py::arg("bytes"), py::arg("stream") = 0, release);
 
+  testing.def("publication_round", &publicationRound, py::arg("ring"), py::arg("rank"),
+              py::arg("stream"), py::arg("sources"), py::arg("bytes_per_rank"),
+              py::arg("outputs"), release,
+              "One round of the NCCL transport's publications (sources[phase] published, every "
+              "rank's copied to outputs[phase][rank]), as a one-hop plan runs it");
+
   py::class_<CudaRing, std::shared_ptr<CudaRing>>(
       m, "CudaRing",
       "The NCCL transport and CUDA reducer of a communicator on one GPU; pass .transport and "
-      ".reducer to Communicator. Every rank of the ring constructs it together.")
+      ".reducer to Communicator. Every rank of the ring constructs it together. publish_bytes: "
+      "the largest publication of the one-hop algorithms (one_shot, two_shot) per rank and "
+      "phase, exchanged over NCCL; costs (2 x world_size + 2) x publish_bytes of device memory; "
+      "0 (the default) offers the ring only")
       .def(py::init([](int rank, int worldSize, int device, const py::bytes& uniqueId,
-                       size_t sliceBytes, int slots, double timeout, const std::string& hint) {
+                       size_t sliceBytes, int slots, double timeout, const std::string& hint,
+                       size_t publishBytes) {
              CudaRingOptions o;
              o.rank = rank;
              o.worldSize = worldSize;
@@ -67,12 +78,13 @@ void bindCuda(py::module_& m) {
              o.slots = slots;
              o.timeoutSeconds = timeout;
              o.libraryHint = hint;
+             o.publishBytes = publishBytes;
              py::gil_scoped_release unlocked;  // NCCL init waits for every rank
              return std::make_shared<CudaRing>(o);
            }),
            py::arg("rank"), py::arg("world_size"), py::arg("device"), py::arg("unique_id"),
            py::arg("slice_bytes") = 4 << 20, py::arg("slots") = 8, py::arg("timeout") = 600.0,
-           py::arg("library_hint") = "")
+           py::arg("library_hint") = "", py::arg("publish_bytes") = CudaRingOptions{}.publishBytes)
       .def_property_readonly("transport", &CudaRing::transport)
       .def_property_readonly("reducer", &CudaRing::reducer)
       .def("query", &CudaRing::query, release)

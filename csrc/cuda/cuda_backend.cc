@@ -5,6 +5,8 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <algorithm>
+
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_reducer.h"
 #include "cuda/nccl_loader.h"
@@ -87,6 +89,7 @@ CudaRing::CudaRing(const CudaRingOptions& options) {
   t.uniqueId = options.uniqueId;
   t.slotBytes = options.sliceBytes;
   t.slots = options.slots;
+  t.publishBytes = options.publishBytes;
   t.timeoutSeconds = options.timeoutSeconds;
   t.libraryHint = options.libraryHint;
   transport_ = std::make_shared<NcclTransport>(t);
@@ -110,6 +113,51 @@ void CudaRing::synchronize(double timeoutSeconds) {
 
 void CudaRing::abort(const std::string& why) {
   if (transport_) transport_->abort(why);
+}
+
+void publicationRound(CudaRing& ring, int rank, uintptr_t stream,
+                      const std::vector<uintptr_t>& sources,
+                      const std::vector<size_t>& bytesPerRank,
+                      const std::vector<std::vector<uintptr_t>>& outputs) {
+  RC_CHECK(ring.transport() != nullptr, "this CUDA ring was released");
+  RC_CHECK(sources.size() == outputs.size() && !sources.empty() && sources.size() <= 2,
+           "one source and one row of outputs per phase (1 or 2 phases)");
+  const size_t world = bytesPerRank.size();
+  RC_CHECK(rank >= 0 && static_cast<size_t>(rank) < world, "rank ", rank, " outside ", world);
+  for (const auto& row : outputs) RC_CHECK(row.size() == world, "one output per rank");
+  // CudaRing always holds an NcclTransport; sizes are declared through it (not yet part of the
+  // Transport interface).
+  auto& transport = static_cast<NcclTransport&>(*ring.transport());
+  Reducer& reducer = *ring.reducer();
+  const bool uneven =
+      std::any_of(bytesPerRank.begin(), bytesPerRank.end(),
+                  [&](size_t b) { return b != bytesPerRank[rank]; });
+  auto envelope = [&](size_t owner) {
+    Envelope e;
+    e.bytes = bytesPerRank[owner];
+    e.offset = owner;
+    return e;
+  };
+  try {
+    transport.begin(stream);
+    for (size_t phase = 0; phase < sources.size(); ++phase) {
+      const int p = static_cast<int>(phase);
+      void* own = transport.acquirePublish(p, bytesPerRank[rank]);
+      reducer.copy(own, nullptr, reinterpret_cast<const void*>(sources[phase]),
+                   bytesPerRank[rank]);
+      transport.commitPublish(p, envelope(rank));
+      if (uneven) transport.expectPublished(p, bytesPerRank);
+      for (size_t peer = 0; peer < world; ++peer) {
+        const void* theirs = transport.acquirePublished(static_cast<int>(peer), p, envelope(peer));
+        reducer.copy(reinterpret_cast<void*>(outputs[phase][peer]), nullptr, theirs,
+                     bytesPerRank[peer]);
+      }
+    }
+    transport.end();
+  } catch (const Error& e) {
+    transport.abort(e.what());
+    throw;
+  }
 }
 
 void CudaRing::release() {

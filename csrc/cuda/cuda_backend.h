@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ringcomm/types.h"
 
@@ -50,6 +51,11 @@ struct CudaRingOptions {
   std::string uniqueId;          // 128 bytes
   size_t sliceBytes = 4 << 20;   // pipeline slice (also the NCCL staging slot size)
   int slots = 8;                 // staging slots per direction; slots/2 slice columns in flight
+  // Largest publication of the one-hop algorithms per rank and phase; device memory
+  // (2 x worldSize + 2) x publishBytes (1 MiB: 18 MiB per rank at 8 ranks). 0, the default
+  // until two_shot's uneven chunks can be declared through Transport and a GPU has run it:
+  // none, so `auto` keeps the ring on NCCL.
+  size_t publishBytes = 0;
   double timeoutSeconds = 600.0;
   std::string libraryHint;
 };
@@ -76,6 +82,16 @@ class CudaRing {
   std::shared_ptr<NcclTransport> transport_;
   std::shared_ptr<CudaReducer> reducer_;
 };
+
+// Test entry point: one round of publications straight through the ring's transport, as a
+// one-hop plan runs it: per phase, publish bytesPerRank[rank] bytes from sources[phase] (device
+// memory) and copy every rank r's publication of that phase (bytesPerRank[r] bytes, declared
+// when they differ) into outputs[phase][r], stream-ordered after `stream`. Every rank calls it
+// together with the same sizes; a failure aborts the transport.
+void publicationRound(CudaRing& ring, int rank, uintptr_t stream,
+                      const std::vector<uintptr_t>& sources,
+                      const std::vector<size_t>& bytesPerRank,
+                      const std::vector<std::vector<uintptr_t>>& outputs);
 
 // Adds the CUDA functions and classes to the extension module (csrc/bindings_cuda.cc).
 void bindCuda(pybind11::module_& m);

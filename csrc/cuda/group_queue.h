@@ -1,6 +1,7 @@
 // Which NCCL group each point-to-point operation of a ring goes into. Pure bookkeeping, no CUDA:
 // NcclTransport issues what it decides, and the CPU tests replay it for every plan
 // (traceGroups below) to check that the groups match up between ranks and cannot deadlock.
+// Publications (publications.h) go out as one group of their own, after the queued sends.
 //
 // The rule. Sends wait in a queue, in order. Every receive goes out in one group with the
 // OLDEST queued send, if any (ncclGroupStart; send; recv; ncclGroupEnd). Sends go out alone,
@@ -26,6 +27,7 @@
 #include <deque>
 #include <vector>
 
+#include "cuda/publications.h"
 #include "ringcomm/executor.h"
 #include "ringcomm/reducer.h"
 #include "ringcomm/schedule.h"
@@ -93,13 +95,31 @@ struct TracedOp {
   size_t bytes = 0;
   uint64_t message = 0;
   bool staged = false;  // through a staging slot (else the caller's buffer)
+  int64_t area = -1;    // a publication's exchange: its area in the staging buffer
+};
+
+// A publication event, in the order the rank runs it: a group (index into `groups`), this
+// rank writing its own publication, or a read of `peer`'s (round numbers count from 0).
+struct TracedEvent {
+  enum Kind { Group, Write, Read } kind = Group;
+  size_t group = 0;
+  int peer = -1;
+  int phase = -1;
+  uint64_t round = 0;
+  size_t area = 0;
+  size_t bytes = 0;
 };
 
 class GroupTrace : public Transport, public Reducer {
  public:
-  GroupTrace(int slots, size_t slotBytes) : queue_(slots), slotBytes_(slotBytes), slots_(slots) {}
+  GroupTrace(int slots, size_t slotBytes, int rank = 0, int worldSize = 1, size_t publishBytes = 0)
+      : queue_(slots), slotBytes_(slotBytes), slots_(slots),
+        publications_(rank, worldSize, publishBytes) {}
 
   std::vector<std::vector<TracedOp>> groups;
+  std::vector<TracedEvent> events;  // groups, publication writes and reads, in order
+  size_t stagingBytes() const { return publications_.stagingBytes(); }
+  uint64_t rounds() const { return publications_.rounds(); }
 
   size_t maxMessageBytes() const override { return slotBytes_; }
   size_t columnsPerWave() const override { return GroupQueue::columnsPerWave(slots_); }
@@ -124,7 +144,39 @@ class GroupTrace : public Transport, public Reducer {
   void recvInto(int peer, void*, const Envelope& e) override { receive(peer, e, false); }
   void releaseRecv(int) override {}
   void abort(const std::string&) override {}
-  void end() override { flush(); }
+  void end() override {
+    publications_.finishRound();
+    flush();
+  }
+
+  size_t publishBytes() const override { return publications_.bytes(); }
+  void* acquirePublish(int phase, size_t bytes) override {
+    published_ = publications_.acquire(phase, bytes);
+    return &scratch_;
+  }
+  void commitPublish(int phase, const Envelope& e) override {
+    publications_.commit(phase, e);
+    events.push_back({TracedEvent::Write, 0, -1, phase, publications_.rounds() - 1, published_,
+                      static_cast<size_t>(e.bytes)});
+  }
+  void expectPublished(int phase, const std::vector<size_t>& bytesPerRank) {
+    publications_.expect(phase, bytesPerRank);
+  }
+  const void* acquirePublished(int peer, int phase, const Envelope& e) override {
+    std::vector<PublishOp> exchange;
+    const size_t area = publications_.read(peer, phase, e, exchange);
+    if (!exchange.empty()) {
+      flush();  // as NcclTransport: queued sends leave first
+      std::vector<TracedOp> group;
+      for (const PublishOp& op : exchange)
+        group.push_back({op.send, op.peer, op.bytes, op.send ? sends_++ : receives_++, true,
+                         static_cast<int64_t>(op.offset)});
+      record(group);
+    }
+    events.push_back({TracedEvent::Read, 0, peer, phase, publications_.rounds() - 1, area,
+                      static_cast<size_t>(e.bytes)});
+    return &scratch_;
+  }
 
   void reduce(void*, void*, const void*, const void*, size_t, const ReduceSpec&, bool) override {}
   void copy(void*, void*, const void*, size_t) override {}
@@ -136,13 +188,17 @@ class GroupTrace : public Transport, public Reducer {
     for (const QueuedSend& s : queue_.forReceive())
       group.push_back({true, s.peer, s.bytes, s.id, s.slot >= 0});
     group.push_back({false, peer, static_cast<size_t>(e.bytes), receives_++, staged});
-    groups.push_back(group);
+    record(group);
   }
   void flush() {
     std::vector<TracedOp> group;
     for (const QueuedSend& s : queue_.takeAll())
       group.push_back({true, s.peer, s.bytes, s.id, s.slot >= 0});
-    if (!group.empty()) groups.push_back(group);
+    if (!group.empty()) record(group);
+  }
+  void record(const std::vector<TracedOp>& group) {
+    events.push_back({TracedEvent::Group, groups.size()});
+    groups.push_back(group);
   }
 
   GroupQueue queue_;
@@ -150,13 +206,14 @@ class GroupTrace : public Transport, public Reducer {
   int slots_;
   int slot_ = -1;
   uint64_t sends_ = 0, receives_ = 0;
+  Publications publications_;
+  size_t published_ = 0;
   char scratch_[16] = {};
 };
 
-// The groups rank `rank` issues for one collective (buffers are fake: nothing is read).
-inline std::vector<std::vector<TracedOp>> traceGroups(const PlanRequest& request, DataType type,
-                                                      int slots, size_t slotBytes) {
-  GroupTrace trace(slots, slotBytes);
+// Runs rank `request.rank`'s plan through `trace` (buffers are fake: nothing is read).
+inline void runTrace(GroupTrace& trace, const PlanRequest& request, DataType type,
+                     size_t slotBytes) {
   Collective c;
   c.plan = makePlan(request);
   c.spec = ReduceSpec{type, RedOp::Sum, request.worldSize, type};
@@ -165,6 +222,13 @@ inline std::vector<std::vector<TracedOp>> traceGroups(const PlanRequest& request
   c.input = c.output = BufferView{fake, 0, all};
   if (request.worldSize > 1) Executor(trace, trace, slotBytes).run(c);
   trace.end();
+}
+
+// The groups rank `rank` issues for one collective.
+inline std::vector<std::vector<TracedOp>> traceGroups(const PlanRequest& request, DataType type,
+                                                      int slots, size_t slotBytes) {
+  GroupTrace trace(slots, slotBytes, request.rank, request.worldSize);
+  runTrace(trace, request, type, slotBytes);
   return trace.groups;
 }
 

@@ -23,7 +23,9 @@ constexpr double kFinalizeSeconds = 30.0;  // a vanished peer must not hold up c
 }  // namespace
 
 NcclTransport::NcclTransport(const NcclTransportOptions& options)
-    : options_(options), queue_(options.slots) {
+    : options_(options),
+      queue_(options.slots),
+      publications_(options.rank, options.worldSize, options.publishBytes) {
   RC_CHECK(options_.worldSize >= 1 && options_.rank >= 0 && options_.rank < options_.worldSize,
            "rank ", options_.rank, " is outside the world of ", options_.worldSize, " ranks");
   RC_CHECK(options_.uniqueId.size() == sizeof(ncclUniqueId), "an NCCL unique id has ",
@@ -63,6 +65,8 @@ void NcclTransport::create() {
   recvFreePending_.assign(slots, false);
   slotStride_ = (options_.slotBytes + 255) / 256 * 256;  // 256-byte aligned: vector kernels
   RC_CUDA_CHECK(cudaMalloc(&buffers_, slotStride_ * 2 * slots));
+  if (publications_.stagingBytes() > 0)
+    RC_CUDA_CHECK(cudaMalloc(&staging_, publications_.stagingBytes()));
 
   ncclUniqueId id;
   std::copy(options_.uniqueId.begin(), options_.uniqueId.end(), id.internal);
@@ -138,7 +142,8 @@ void NcclTransport::release() noexcept {
   if (compute_) cudaStreamSynchronize(compute_);
   if (commStream_) cudaStreamSynchronize(commStream_);
   if (buffers_) cudaFree(buffers_);
-  buffers_ = nullptr;
+  if (staging_) cudaFree(staging_);
+  buffers_ = staging_ = nullptr;
   for (auto* events : {&sendReady_, &sendFree_, &recvReady_, &recvFree_, &inflightEvents_}) {
     for (cudaEvent_t e : *events)
       if (e) cudaEventDestroy(e);

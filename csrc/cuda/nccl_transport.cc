@@ -130,6 +130,31 @@ void NcclTransport::flush() {
   if (!all.empty()) issue(all, nullptr);
 }
 
+template <typename Enqueue>
+void NcclTransport::runGroup(const std::string& what, Enqueue enqueue) {
+  ncclComm_t comm;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    comm = comm_;
+  }
+  RC_CHECK(comm != nullptr, "the NCCL communicator is gone");
+  ncclResult_t rc = api_->groupStart();
+  if (rc != ncclSuccess) failNccl(rc, what);
+  rc = enqueue(comm);
+  if (rc != ncclSuccess) {
+    api_->groupEnd();
+    failNccl(rc, what);
+  }
+  // The first exchange with a peer connects to it, which waits for the peer: watched.
+  arm(what, options_.timeoutSeconds);
+  rc = api_->groupEnd();
+  disarm();
+  if (rc == ncclInProgress)
+    failNccl(rc, what + " (a non-blocking NCCL communicator: unset NCCL_COMM_BLOCKING=0)");
+  if (rc != ncclSuccess) failNccl(rc, what);
+  checkUsable();
+}
+
 void NcclTransport::issue(const std::vector<QueuedSend>& sends, const Receive* receive) {
   // Zero-byte messages are skipped on both sides alike (matching collectives agree on sizes).
   const bool receives = receive != nullptr && receive->bytes > 0;
@@ -151,38 +176,16 @@ void NcclTransport::issue(const std::vector<QueuedSend>& sends, const Receive* r
     RC_CUDA_CHECK(cudaStreamWaitEvent(commStream_, computeAll_, 0));
   }
 
-  ncclComm_t comm;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    comm = comm_;
-  }
-  RC_CHECK(comm != nullptr, "the NCCL communicator is gone");
-  ncclResult_t rc = api_->groupStart();
-  if (rc != ncclSuccess) failNccl(rc, what);
-  for (const QueuedSend& s : sends) {
-    if (s.bytes == 0) continue;
-    const void* data = s.slot >= 0 ? sendSlot(s.slot) : s.src;
-    rc = api_->send(data, s.bytes, ncclInt8, s.peer, comm, commStream_);
-    if (rc != ncclSuccess) {
-      api_->groupEnd();
-      failNccl(rc, what);
+  runGroup(what, [&](ncclComm_t comm) {
+    for (const QueuedSend& s : sends) {
+      if (s.bytes == 0) continue;
+      const void* data = s.slot >= 0 ? sendSlot(s.slot) : s.src;
+      const ncclResult_t rc = api_->send(data, s.bytes, ncclInt8, s.peer, comm, commStream_);
+      if (rc != ncclSuccess) return rc;
     }
-  }
-  if (receives) {
-    rc = api_->recv(receive->dst, receive->bytes, ncclInt8, receive->peer, comm, commStream_);
-    if (rc != ncclSuccess) {
-      api_->groupEnd();
-      failNccl(rc, what);
-    }
-  }
-  // The first exchange with a peer connects to it, which waits for the peer: watched.
-  arm(what, options_.timeoutSeconds);
-  rc = api_->groupEnd();
-  disarm();
-  if (rc == ncclInProgress)
-    failNccl(rc, what + " (a non-blocking NCCL communicator: unset NCCL_COMM_BLOCKING=0)");
-  if (rc != ncclSuccess) failNccl(rc, what);
-  checkUsable();
+    if (!receives) return ncclSuccess;
+    return api_->recv(receive->dst, receive->bytes, ncclInt8, receive->peer, comm, commStream_);
+  });
 
   for (const QueuedSend& s : sends)
     if (s.bytes > 0 && s.slot >= 0) {
@@ -197,7 +200,52 @@ void NcclTransport::issue(const std::vector<QueuedSend>& sends, const Receive* r
   }
 }
 
+// -- publications (see publications.h) -----------------------------------------------------------
+//   own area:    compute writes it    -> (all compute so far) -> the exchange group that sends it
+//   peer copies: the exchange group   -> commAll              -> every kernel after it
+// The group waits for all compute enqueued before it, so it also comes after every kernel that
+// still reads the areas it overwrites (an earlier round's copies).
+
+void* NcclTransport::acquirePublish(int phase, size_t bytes) {
+  checkUsable();
+  return staging_ + publications_.acquire(phase, bytes);
+}
+
+void NcclTransport::commitPublish(int phase, const Envelope& envelope) {
+  publications_.commit(phase, envelope);
+}
+
+const void* NcclTransport::acquirePublished(int peer, int phase, const Envelope& expected) {
+  checkUsable();
+  std::vector<PublishOp> ops;
+  const size_t area = publications_.read(peer, phase, expected, ops);
+  if (!ops.empty()) exchange(ops, phase);
+  return staging_ + area;
+}
+
+void NcclTransport::exchange(const std::vector<PublishOp>& ops, int phase) {
+  flush();  // sends queued before it leave first, in the order their receivers expect
+  RC_CUDA_CHECK(cudaEventRecord(computeAll_, compute_));
+  RC_CUDA_CHECK(cudaStreamWaitEvent(commStream_, computeAll_, 0));
+  runGroup(detail::concat("exchanging publications of phase ", phase, " with every rank (",
+                          ops.front().bytes, " bytes each)"),
+           [&](ncclComm_t comm) {
+             for (const PublishOp& op : ops) {
+               const ncclResult_t rc =
+                   op.send ? api_->send(staging_ + op.offset, op.bytes, ncclInt8, op.peer, comm,
+                                        commStream_)
+                           : api_->recv(staging_ + op.offset, op.bytes, ncclInt8, op.peer, comm,
+                                        commStream_);
+               if (rc != ncclSuccess) return rc;
+             }
+             return ncclSuccess;
+           });
+  RC_CUDA_CHECK(cudaEventRecord(commAll_, commStream_));
+  RC_CUDA_CHECK(cudaStreamWaitEvent(compute_, commAll_, 0));
+}
+
 void NcclTransport::end() {
+  publications_.finishRound();
   flush();
   RC_CUDA_CHECK(cudaEventRecord(commAll_, commStream_));
   RC_CUDA_CHECK(cudaStreamWaitEvent(compute_, commAll_, 0));

@@ -10,6 +10,8 @@
 // into the caller's buffers, with no staging copy. A collective is bracketed by begin(stream)
 // and end(): both streams start after the work on the caller's stream, and the caller's
 // stream waits for the collective; the host never waits (capturable in a CUDA graph).
+// Publications (one-hop algorithms) are exchanged with every peer in one group at their first
+// read (publications.h): device memory of (2 x world size + 2) x publishBytes per rank.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -25,6 +27,7 @@
 
 #include "cuda/group_queue.h"
 #include "cuda/nccl_loader.h"
+#include "cuda/publications.h"
 #include "ringcomm/transport.h"
 
 namespace ringcomm {
@@ -36,6 +39,9 @@ struct NcclTransportOptions {
   std::string uniqueId;           // ncclUniqueId's 128 bytes, shared by rank 0
   size_t slotBytes = 4 << 20;     // largest staged message; the executor slices to fit
   int slots = 8;                  // staging buffers per direction; slots/2 columns per wave
+  // Largest publication per rank and phase (0: none, the one-hop algorithms are not offered).
+  // Costs (2 x worldSize + 2) x publishBytes of device memory, allocated once.
+  size_t publishBytes = 0;
   double timeoutSeconds = 600.0;  // init, each NCCL call, each collective
   std::string libraryHint;        // folder or file for loadNccl
 };
@@ -57,6 +63,16 @@ class NcclTransport : public Transport {
   void sendFrom(int peer, const void* src, const Envelope& envelope) override;
   void recvInto(int peer, void* dst, const Envelope& expected) override;
   void abort(const std::string& why) override;
+  size_t publishBytes() const override { return options_.publishBytes; }
+  void* acquirePublish(int phase, size_t bytes) override;
+  void commitPublish(int phase, const Envelope& envelope) override;
+  const void* acquirePublished(int peer, int phase, const Envelope& expected) override;
+  // Every rank's size of its publication of `phase` (this rank's entry unused), after this
+  // round's acquirePublish(0) and before the phase's first read (uneven chunks; without it
+  // every peer's is this rank's). Not yet in the Transport interface.
+  void expectPublished(int phase, const std::vector<size_t>& bytesPerRank) {
+    publications_.expect(phase, bytesPerRank);
+  }
   void begin(uintptr_t stream) override;
   void end() override;
 
@@ -83,6 +99,11 @@ class NcclTransport : public Transport {
   void release() noexcept;
   void checkUsable();
   void issue(const std::vector<QueuedSend>& sends, const Receive* receive);
+  void exchange(const std::vector<PublishOp>& ops, int phase);
+  // One NCCL group: `enqueue` posts its operations between ncclGroupStart and ncclGroupEnd
+  // (returning the first failure); the end is watched (the first exchange with a peer connects).
+  template <typename Enqueue>
+  void runGroup(const std::string& what, Enqueue enqueue);
   void flush();
   void queueSend(const QueuedSend& send);
   // NCCL calls that may block (init, group end, finalize) run between arm() and disarm(); the
@@ -118,6 +139,8 @@ class NcclTransport : public Transport {
   char* buffers_ = nullptr;
   size_t slotStride_ = 0;
   GroupQueue queue_;
+  Publications publications_;
+  char* staging_ = nullptr;  // publications_.stagingBytes()
   int stagedSlot_ = -1;
   uint64_t sendCount_ = 0, recvCount_ = 0;
   int heldRecvSlot_ = -1;
