@@ -769,14 +769,7 @@ def _one_hop_all_reduce(name, comm, ring, rank, world, store):
     return None
 
 
-# two_shot's phase 1 publishes each rank's chunk, of uneven size for most counts: NCCL posts
-# every receive at a phase's first read, so it needs every rank's size declared first
-# (NcclTransport::expectPublished), which the Transport interface does not offer yet.
-UNEVEN_SIZES = pytest.mark.xfail(reason="two_shot's uneven chunks need expectPublished in the "
-                                        "Transport interface", strict=False)
-
-
-@pytest.mark.parametrize("name", ["one_shot", pytest.param("two_shot", marks=UNEVEN_SIZES)])
+@pytest.mark.parametrize("name", ["one_shot", "two_shot"])
 @pytest.mark.parametrize("world", WORLDS)
 def test_one_hop_all_reduce_exact(world, name):
     if _C is None or name not in _C.Algorithm.__members__:

@@ -95,6 +95,24 @@ Envelope Executor::publication(const Collective& c, const Envelope& header, int 
   return envelope;
 }
 
+void Executor::declarePublications(const Collective& c, const Step& step, size_t column,
+                                   size_t sliceElems, const Envelope& header) {
+  auto readsPhase = [&](const Step& s) { return s.readFrom >= 0 && s.readPhase == step.readPhase; };
+  const Step* first = nullptr;
+  for (const Step& s : c.plan.steps)
+    if (readsPhase(s)) {
+      first = &s;
+      break;
+    }
+  if (first != &step) return;
+  std::vector<size_t> bytes(c.plan.request.worldSize, 0);
+  std::vector<Range> pieces;
+  for (const Step& s : c.plan.steps)
+    if (readsPhase(s))
+      bytes[s.readFrom] = publication(c, header, s.publishedChunk, column, sliceElems, pieces).bytes;
+  transport_.expectPublished(step.readPhase, bytes);
+}
+
 void Executor::runOneHopStep(const Collective& c, const Step& step, size_t column,
                              size_t sliceElems, const Envelope& header) {
   const size_t elemSize = dataTypeSize(c.spec.type), wireSize = dataTypeSize(c.spec.wireType);
@@ -118,6 +136,7 @@ void Executor::runOneHopStep(const Collective& c, const Step& step, size_t colum
   }
 
   const Range slice = sliceOf(step.range, column, sliceElems);
+  declarePublications(c, step, column, sliceElems, header);
   const Envelope expected =
       publication(c, header, step.publishedChunk, column, sliceElems, pieces);
   size_t before = 0;  // elements of the publication packed ahead of this step's chunk

@@ -159,7 +159,7 @@ class GroupTrace : public Transport, public Reducer {
     events.push_back({TracedEvent::Write, 0, -1, phase, publications_.rounds() - 1, published_,
                       static_cast<size_t>(e.bytes)});
   }
-  void expectPublished(int phase, const std::vector<size_t>& bytesPerRank) {
+  void expectPublished(int phase, const std::vector<size_t>& bytesPerRank) override {
     publications_.expect(phase, bytesPerRank);
   }
   const void* acquirePublished(int peer, int phase, const Envelope& e) override {

@@ -67,10 +67,8 @@ class NcclTransport : public Transport {
   void* acquirePublish(int phase, size_t bytes) override;
   void commitPublish(int phase, const Envelope& envelope) override;
   const void* acquirePublished(int peer, int phase, const Envelope& expected) override;
-  // Every rank's size of its publication of `phase` (this rank's entry unused), after this
-  // round's acquirePublish(0) and before the phase's first read (uneven chunks; without it
-  // every peer's is this rank's). Not yet in the Transport interface.
-  void expectPublished(int phase, const std::vector<size_t>& bytesPerRank) {
+  // Without a declaration every peer's size is taken to be this rank's.
+  void expectPublished(int phase, const std::vector<size_t>& bytesPerRank) override {
     publications_.expect(phase, bytesPerRank);
   }
   void begin(uintptr_t stream) override;

@@ -13,8 +13,8 @@
 // Sizes. A receive must be posted with exactly the size its peer sends, and the sizes are
 // needed at the phase's first read, before the other peers' expected envelopes are known. So
 // every rank's publication of a phase has this rank's own size (one_shot's inputs, two_shot's
-// phase 0), unless expect() declared every rank's size first (two_shot's uneven chunks; not yet
-// part of the Transport interface). A read whose expected size differs raises MismatchError
+// phase 0), unless expect() declared every rank's size first (two_shot's uneven chunks:
+// Transport::expectPublished). A read whose expected size differs raises MismatchError
 // instead of reducing garbage. NCCL carries no header, so the other envelope fields of a peer
 // cannot be checked (the debug mode's pre-check compares them before the call).
 //

@@ -39,6 +39,10 @@ class Executor {
   // A step of a one-hop plan in publication round `column` (schedule.h).
   void runOneHopStep(const Collective& c, const Step& step, size_t column, size_t sliceElems,
                      const Envelope& header);
+  // At the first read of a phase in a round: every rank's publication size of that phase, for
+  // the transport (Transport::expectPublished).
+  void declarePublications(const Collective& c, const Step& step, size_t column,
+                           size_t sliceElems, const Envelope& header);
   // The envelope of a publication of `chunk` (-1: every chunk) in round `column`, as its writer
   // and every reader compute it; `pieces` receives its packed layout.
   Envelope publication(const Collective& c, const Envelope& header, int chunk, size_t column,

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace ringcomm {
 
@@ -96,6 +97,13 @@ class Transport {
   // `peer`'s publication of `phase` in this round (waits, with the timeout, for it), which must
   // match `expected`, else MismatchError. Valid until this rank's next commitPublish(0).
   virtual const void* acquirePublished(int peer, int phase, const Envelope& expected);
+  // Every rank's publication size of `phase` this round (bytesPerRank[r]; this rank's own entry
+  // is not used), declared after the round's acquirePublish(0) and before the phase's first
+  // acquirePublished: a transport that posts receives (NCCL) needs them all at once, and
+  // two_shot's chunks differ by rank. Shared memory reads sizes from the headers: no-op.
+  virtual void expectPublished(int phase, const std::vector<size_t>& bytesPerRank) {
+    (void)phase, (void)bytesPerRank;
+  }
 };
 
 }  // namespace ringcomm
