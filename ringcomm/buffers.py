@@ -1,8 +1,6 @@
 """What a collective needs to know of an array: address, length, dtype, device.
 
 Accepts torch tensors, numpy arrays and anything with the CUDA array interface (cupy)."""
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
@@ -11,27 +9,27 @@ from . import _C
 # The C++ table's names (csrc/include/ringcomm/types.h) are torch's and numpy's names too.
 _C_DTYPES = dict(_C.DataType.__members__)
 _ITEMSIZES = {name: _C.dtype_size(c) for name, c in _C_DTYPES.items()}
+_C_INFO = {name: (c, _ITEMSIZES[name]) for name, c in _C_DTYPES.items()}
 _TORCH_DTYPES = {getattr(torch, name): name for name in _C_DTYPES}
+_NUMPY_DTYPES = {np.dtype(name): name for name in _C_DTYPES if hasattr(np, name)}
+_NAMES_NUMPY_LACKS = {name: name for name in _C_DTYPES if not hasattr(np, name)}
 _TYPESTR_DTYPES = {"<f4": "float32", "<f8": "float64", "<f2": "float16", "|i1": "int8",
                    "|u1": "uint8", "<i4": "int32", "<i8": "int64", "|b1": "bool"}
 
 
-@dataclass
 class Buffer:
     """A contiguous array seen as raw memory."""
 
-    address: int
-    numel: int
-    dtype: str  # a key of _C.DataType
-    device: str  # "cpu" or "cuda"
-    device_index: int
-    readonly: bool
-    source: object
+    # Slots and a plain __init__: one Buffer is built per array per collective.
+    __slots__ = ("address", "numel", "dtype", "device", "device_index", "readonly", "source",
+                 "c_dtype", "itemsize")
 
-    def __post_init__(self):
-        # Looked up once here: collectives on small tensors are dominated by such overheads.
-        self.c_dtype = _C_DTYPES[self.dtype]
-        self.itemsize = _ITEMSIZES[self.dtype]
+    def __init__(self, address, numel, dtype, device, device_index, readonly, source):
+        self.address, self.numel, self.source = address, numel, source
+        self.dtype = dtype  # a key of _C.DataType
+        self.device, self.device_index = device, device_index  # "cpu" (index -1) or "cuda"
+        self.readonly = readonly
+        self.c_dtype, self.itemsize = _C_INFO[dtype]
 
     @property
     def nbytes(self):
@@ -65,7 +63,9 @@ def _from_torch(t, what):
 
 
 def _from_numpy(a, what):
-    dtype = a.dtype.name if a.dtype.name in _C_DTYPES else None
+    # By dtype, not a.dtype.name (numpy builds the name anew, ~2 us): that also refuses
+    # byte-swapped arrays. Names only for what numpy lacks (ml_dtypes' bfloat16).
+    dtype = _NUMPY_DTYPES.get(a.dtype) or _NAMES_NUMPY_LACKS.get(a.dtype.name)
     if dtype is None:
         raise _unsupported(what, a.dtype)
     if not a.flags.c_contiguous:

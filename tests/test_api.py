@@ -2,12 +2,14 @@
 view."""
 import os
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 
 import ringcomm
 from launcher import launch
+from ringcomm.buffers import as_buffer
 from ringcomm.ops import to_reduce_op
 
 
@@ -20,6 +22,14 @@ def test_ops_accept_our_members_torch_members_and_names():
     for bad in ("add", 3, dist.ReduceOp.PREMUL_SUM):
         with pytest.raises(ValueError, match="unsupported reduction op"):
             to_reduce_op(bad)
+
+
+def test_byte_swapped_numpy_arrays_are_refused_not_misread():
+    # numpy names a big-endian float32 "float32" too; reduced as native floats it would be garbage.
+    swapped = np.ones(3, dtype=np.dtype(np.float32).newbyteorder())
+    with pytest.raises(TypeError, match="does not support"):
+        as_buffer(swapped)
+    assert as_buffer(np.ones(3, dtype=np.float32)).c_dtype == ringcomm._C.DataType.float32
 
 
 def test_build_info_reports_cuda_and_archs():
