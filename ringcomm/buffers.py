@@ -11,6 +11,7 @@ _C_DTYPES = dict(_C.DataType.__members__)
 _ITEMSIZES = {name: _C.dtype_size(c) for name, c in _C_DTYPES.items()}
 _C_INFO = {name: (c, _ITEMSIZES[name]) for name, c in _C_DTYPES.items()}
 _TORCH_DTYPES = {getattr(torch, name): name for name in _C_DTYPES}
+_TORCH_C_DTYPES = {t: _C_DTYPES[name] for t, name in _TORCH_DTYPES.items()}
 _NUMPY_DTYPES = {np.dtype(name): name for name in _C_DTYPES if hasattr(np, name)}
 _NAMES_NUMPY_LACKS = {name: name for name in _C_DTYPES if not hasattr(np, name)}
 _TYPESTR_DTYPES = {"<f4": "float32", "<f8": "float64", "<f2": "float16", "|i1": "int8",
@@ -106,6 +107,17 @@ def as_c_dtype(dtype):
     if name not in _C_DTYPES:
         raise _unsupported("wire_dtype", dtype)
     return _C_DTYPES[name]
+
+
+def cpu_tensor(array):
+    """(address, numel, _C.DataType) of a contiguous CPU torch tensor of a supported dtype, the
+    common case, read with as few lookups as a small collective can afford; None for anything
+    else, which as_buffer then checks and, if need be, rejects with a clear error."""
+    if isinstance(array, torch.Tensor):
+        c_dtype = _TORCH_C_DTYPES.get(array.dtype)
+        if c_dtype is not None and array.is_cpu and array.is_contiguous():
+            return array.data_ptr(), array.numel(), c_dtype
+    return None
 
 
 def as_buffer(array, what="tensor"):
