@@ -324,6 +324,8 @@ class Communicator:
         if buf.device == "cuda":  # already asynchronous: ordered on the caller's stream
             self._call(buf, name, args, extra)
             return work.completed(result, torch.device("cuda", buf.device_index)) if async_op else result
+        if not (async_op or extra) and self._now(name, args):
+            return result
         if not async_op and (self._last is None or self._last.done()):
             self._last = None  # nothing queued: _now may run the next calls directly
             self._call(buf, name, args, extra)
