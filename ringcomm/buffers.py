@@ -14,6 +14,7 @@ _TORCH_DTYPES = {getattr(torch, name): name for name in _C_DTYPES}
 _TORCH_C_DTYPES = {t: _C_DTYPES[name] for t, name in _TORCH_DTYPES.items()}
 _NUMPY_DTYPES = {np.dtype(name): name for name in _C_DTYPES if hasattr(np, name)}
 _NAMES_NUMPY_LACKS = {name: name for name in _C_DTYPES if not hasattr(np, name)}
+_NUMPY_C_DTYPES = {dtype: _C_DTYPES[name] for dtype, name in _NUMPY_DTYPES.items()}
 _TYPESTR_DTYPES = {"<f4": "float32", "<f8": "float64", "<f2": "float16", "|i1": "int8",
                    "|u1": "uint8", "<i4": "int32", "<i8": "int64", "|b1": "bool"}
 
@@ -109,14 +110,20 @@ def as_c_dtype(dtype):
     return _C_DTYPES[name]
 
 
-def cpu_tensor(array):
-    """(address, numel, _C.DataType) of a contiguous CPU torch tensor of a supported dtype, the
-    common case, read with as few lookups as a small collective can afford; None for anything
-    else, which as_buffer then checks and, if need be, rejects with a clear error."""
+def cpu_array(array):
+    """(address, numel, _C.DataType) of a contiguous, writable CPU torch tensor or numpy array
+    of a supported dtype, the common case, read with as few lookups as a small collective can
+    afford; None for anything else, which as_buffer then checks and, if need be, rejects with a
+    clear error."""
     if isinstance(array, torch.Tensor):
         c_dtype = _TORCH_C_DTYPES.get(array.dtype)
         if c_dtype is not None and array.is_cpu and array.is_contiguous():
             return array.data_ptr(), array.numel(), c_dtype
+    elif isinstance(array, np.ndarray):
+        c_dtype = _NUMPY_C_DTYPES.get(array.dtype)
+        flags = array.flags
+        if c_dtype is not None and flags.c_contiguous and flags.writeable:
+            return array.ctypes.data, array.size, c_dtype
     return None
 
 

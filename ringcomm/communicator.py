@@ -5,7 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from . import _C, checks, cpu_backend, cuda_backend, work
-from .buffers import as_buffer, as_c_dtype, cpu_tensor
+from .buffers import as_buffer, as_c_dtype, cpu_array
 from .options import CommOptions
 from .ops import to_c_op
 from .rendezvous import Rendezvous
@@ -101,7 +101,7 @@ class Communicator:
         c_op = to_c_op(op)
         algorithm = self._algorithm if algorithm is None else checks.algorithm(algorithm)
         wire = None if wire_dtype is None else as_c_dtype(wire_dtype)
-        fast = None if async_op else cpu_tensor(tensor)
+        fast = None if async_op else cpu_array(tensor)
         if fast is not None and self._now("all_reduce", (*fast, c_op, wire, 1.0, 0, algorithm)):
             return tensor
         buf = checks.writable(tensor, "tensor")
@@ -151,7 +151,7 @@ class Communicator:
             comm.broadcast(weights, src=0)
         """
         checks.root(src, "src", self.world_size)
-        fast = None if async_op else cpu_tensor(tensor)
+        fast = None if async_op else cpu_array(tensor)
         if fast is not None and self._now("broadcast", (*fast, src)):
             return tensor
         buf = checks.writable(tensor, "tensor")

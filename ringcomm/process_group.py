@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
 from . import _C
-from .buffers import cpu_tensor
+from .buffers import cpu_array
 from .communicator import Communicator
 from .rendezvous import Rendezvous
 from .ops import to_c_op
@@ -136,7 +136,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         op = _op(opts, "all_reduce")
         comm = self.communicator
         for t in tensors:
-            fast = cpu_tensor(t)  # then wire_dtype, scale, stream and algorithm, positionally
+            fast = cpu_array(t)  # then wire_dtype, scale, stream and algorithm, positionally
             if fast is None or not comm._now("all_reduce", (*fast, op, None, 1.0, 0, comm._algorithm)):
                 with _Contiguous(t) as c:
                     comm.all_reduce(c, op.name)
@@ -149,7 +149,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         root = opts.rootRank if opts is not None else 0
         comm = self.communicator
         for t in tensors:
-            fast = cpu_tensor(t)
+            fast = cpu_array(t)
             if fast is None or not comm._now("broadcast", (*fast, root)):
                 with _Contiguous(t) as c:
                     comm.broadcast(c, root)

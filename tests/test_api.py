@@ -110,6 +110,29 @@ def test_16_bit_wire_accumulates_in_float32_and_agrees_across_ranks():
         assert ours < theirs, f"{wire}: ring error {ours} is not below 16-bit hops' {theirs}"
 
 
+def numpy_calls(rank, n):
+    comm = ringcomm.Communicator(timeout=30)
+    summed = np.arange(6, dtype=np.int64) + rank
+    comm.all_reduce(summed)
+    copied = np.full(5, float(rank), dtype=np.float32)
+    comm.broadcast(copied, src=1)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        comm.all_reduce(np.arange(8, dtype=np.int32).reshape(2, 4)[:, ::2])
+    frozen = np.ones(3, dtype=np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        comm.broadcast(frozen)
+    comm.close()
+    return summed, copied
+
+
+def test_numpy_arrays_reduce_and_broadcast_exactly_and_bad_ones_are_refused():
+    n = 2
+    for summed, copied in launch(n, numpy_calls):
+        assert summed.tolist() == [n * i + sum(range(n)) for i in range(6)]
+        assert copied.dtype == np.float32 and copied.tolist() == [1.0] * 5
+
+
 def test_schedule_is_exported():
     s = ringcomm.schedule("all_gather", world_size=2, count=3)
     assert s.chunks == ((0, 3), (3, 3)) and len(s.steps) == 2
