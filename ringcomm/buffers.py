@@ -1,8 +1,6 @@
 """What a collective needs to know of an array: address, length, dtype, device.
 
 Accepts torch tensors, numpy arrays and anything with the CUDA array interface (cupy)."""
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
@@ -11,27 +9,29 @@ from . import _C
 # The C++ table's names (csrc/include/ringcomm/types.h) are torch's and numpy's names too.
 _C_DTYPES = dict(_C.DataType.__members__)
 _ITEMSIZES = {name: _C.dtype_size(c) for name, c in _C_DTYPES.items()}
+_C_INFO = {name: (c, _ITEMSIZES[name]) for name, c in _C_DTYPES.items()}
 _TORCH_DTYPES = {getattr(torch, name): name for name in _C_DTYPES}
+_TORCH_C_DTYPES = {t: _C_DTYPES[name] for t, name in _TORCH_DTYPES.items()}
+_NUMPY_DTYPES = {np.dtype(name): name for name in _C_DTYPES if hasattr(np, name)}
+_NAMES_NUMPY_LACKS = {name: name for name in _C_DTYPES if not hasattr(np, name)}
+_NUMPY_C_DTYPES = {dtype: _C_DTYPES[name] for dtype, name in _NUMPY_DTYPES.items()}
 _TYPESTR_DTYPES = {"<f4": "float32", "<f8": "float64", "<f2": "float16", "|i1": "int8",
                    "|u1": "uint8", "<i4": "int32", "<i8": "int64", "|b1": "bool"}
 
 
-@dataclass
 class Buffer:
     """A contiguous array seen as raw memory."""
 
-    address: int
-    numel: int
-    dtype: str  # a key of _C.DataType
-    device: str  # "cpu" or "cuda"
-    device_index: int
-    readonly: bool
-    source: object
+    # Slots and a plain __init__: one Buffer is built per array per collective.
+    __slots__ = ("address", "numel", "dtype", "device", "device_index", "readonly", "source",
+                 "c_dtype", "itemsize")
 
-    def __post_init__(self):
-        # Looked up once here: collectives on small tensors are dominated by such overheads.
-        self.c_dtype = _C_DTYPES[self.dtype]
-        self.itemsize = _ITEMSIZES[self.dtype]
+    def __init__(self, address, numel, dtype, device, device_index, readonly, source):
+        self.address, self.numel, self.source = address, numel, source
+        self.dtype = dtype  # a key of _C.DataType
+        self.device, self.device_index = device, device_index  # "cpu" (index -1) or "cuda"
+        self.readonly = readonly
+        self.c_dtype, self.itemsize = _C_INFO[dtype]
 
     @property
     def nbytes(self):
@@ -65,7 +65,9 @@ def _from_torch(t, what):
 
 
 def _from_numpy(a, what):
-    dtype = a.dtype.name if a.dtype.name in _C_DTYPES else None
+    # By dtype, not a.dtype.name (numpy builds the name anew, ~2 us): that also refuses
+    # byte-swapped arrays. Names only for what numpy lacks (ml_dtypes' bfloat16).
+    dtype = _NUMPY_DTYPES.get(a.dtype) or _NAMES_NUMPY_LACKS.get(a.dtype.name)
     if dtype is None:
         raise _unsupported(what, a.dtype)
     if not a.flags.c_contiguous:
@@ -106,6 +108,23 @@ def as_c_dtype(dtype):
     if name not in _C_DTYPES:
         raise _unsupported("wire_dtype", dtype)
     return _C_DTYPES[name]
+
+
+def cpu_array(array):
+    """(address, numel, _C.DataType) of a contiguous, writable CPU torch tensor or numpy array
+    of a supported dtype, the common case, read with as few lookups as a small collective can
+    afford; None for anything else, which as_buffer then checks and, if need be, rejects with a
+    clear error."""
+    if isinstance(array, torch.Tensor):
+        c_dtype = _TORCH_C_DTYPES.get(array.dtype)
+        if c_dtype is not None and array.is_cpu and array.is_contiguous():
+            return array.data_ptr(), array.numel(), c_dtype
+    elif isinstance(array, np.ndarray):
+        c_dtype = _NUMPY_C_DTYPES.get(array.dtype)
+        flags = array.flags
+        if c_dtype is not None and flags.c_contiguous and flags.writeable:
+            return array.ctypes.data, array.size, c_dtype
+    return None
 
 
 def as_buffer(array, what="tensor"):

@@ -5,7 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from . import _C, checks, cpu_backend, cuda_backend, work
-from .buffers import as_buffer, as_c_dtype
+from .buffers import as_buffer, as_c_dtype, cpu_array
 from .options import CommOptions, algorithm_for
 from .ops import to_c_op
 from .rendezvous import Rendezvous
@@ -60,6 +60,7 @@ class Communicator:
         self.timeout = self.options.timeout
         self.debug, self.check_finite = self.options.debug, self.options.check_finite
         self._backends = {}
+        self._cpu = None  # the CPU ring's _C.Communicator once set up, until closed
         self._lock = threading.Lock()
         self._worker = None  # runs async_op collectives on CPU, in order
         self._links = None  # point-to-point links, set up on first use
@@ -99,11 +100,16 @@ class Communicator:
 
             comm.all_reduce(grad, op="avg", wire_dtype=torch.bfloat16)
         """
-        buf = checks.writable(tensor, "tensor")
         c_op = to_c_op(op)
-        extra = {"algorithm": checks.algorithm(algorithm) if algorithm else self._algorithm}
-        if wire_dtype is not None and as_c_dtype(wire_dtype) != buf.c_dtype:
-            extra["wire_dtype"] = as_c_dtype(wire_dtype)
+        algorithm = self._algorithm if algorithm is None else checks.algorithm(algorithm)
+        wire = None if wire_dtype is None else as_c_dtype(wire_dtype)
+        fast = None if async_op else cpu_array(tensor)
+        if fast is not None and self._now("all_reduce", (*fast, c_op, wire, 1.0, 0, algorithm)):
+            return tensor
+        buf = checks.writable(tensor, "tensor")
+        extra = {"algorithm": algorithm}
+        if wire is not None and wire != buf.c_dtype:
+            extra["wire_dtype"] = wire
         self._precheck("all_reduce", buf, c_op, 0, buf, extra.get("wire_dtype"))
         return self._run(buf, "all_reduce", (buf.address, buf.numel, buf.c_dtype, c_op), tensor,
                          async_op, **extra)
@@ -125,8 +131,10 @@ class Communicator:
         c_op = to_c_op(op)
         self._precheck("reduce_scatter", out, c_op, 0, inp)
         c_algorithm = checks.algorithm(algorithm) if algorithm else self._algorithms["reduce_scatter"]
-        return self._run(out, "reduce_scatter", (out.address, inp.address, out.numel, out.c_dtype, c_op),
-                         output, async_op, algorithm=c_algorithm)
+        args = (out.address, inp.address, out.numel, out.c_dtype, c_op)
+        if self._now_on_cpu(out, async_op, "reduce_scatter", (*args, 0, c_algorithm)):
+            return output
+        return self._run(out, "reduce_scatter", args, output, async_op, algorithm=c_algorithm)
 
     def all_gather(self, output, input, *, async_op=False, algorithm=None):
         """Concatenates every rank's ``input`` into ``output`` (world_size x input.numel()).
@@ -144,8 +152,10 @@ class Communicator:
         checks.aliasing(out, inp, out.element_address(self.rank * inp.numel), inp_inside_out=True)
         self._precheck("all_gather", inp, None, 0, inp)
         c_algorithm = checks.algorithm(algorithm) if algorithm else self._algorithms["all_gather"]
-        return self._run(out, "all_gather", (out.address, inp.address, inp.numel, out.c_dtype),
-                         output, async_op, algorithm=c_algorithm)
+        args = (out.address, inp.address, inp.numel, out.c_dtype)
+        if self._now_on_cpu(out, async_op, "all_gather", (*args, 0, c_algorithm)):
+            return output
+        return self._run(out, "all_gather", args, output, async_op, algorithm=c_algorithm)
 
     def broadcast(self, tensor, src=0, *, async_op=False):
         """Copies rank ``src``'s ``tensor`` into ``tensor`` on every rank.
@@ -154,8 +164,11 @@ class Communicator:
 
             comm.broadcast(weights, src=0)
         """
-        buf = checks.writable(tensor, "tensor")
         checks.root(src, "src", self.world_size)
+        fast = None if async_op else cpu_array(tensor)
+        if fast is not None and self._now("broadcast", (*fast, src)):
+            return tensor
+        buf = checks.writable(tensor, "tensor")
         self._precheck("broadcast", buf, None, src, buf if self.rank == src else None)
         return self._run(buf, "broadcast", (buf.address, buf.numel, buf.c_dtype, src), tensor, async_op)
 
@@ -235,7 +248,7 @@ class Communicator:
             self._worker.shutdown(wait=True)  # finishes queued async work first
             self._worker = None
         with self._lock:
-            self._closed = True
+            self._closed, self._cpu = True, None
             if self._links is not None:  # before the ring goes: see PeerLinks
                 cpu = self._backends.get(("cpu", -1))
                 self._links.close(failed=cpu is None or bool(cpu.failure))
@@ -263,7 +276,7 @@ class Communicator:
         comm = self._backends.get(key)
         if comm is None:
             if device == "cpu":
-                comm = cpu_backend.create(self._rendezvous, self.options)
+                comm = self._cpu = cpu_backend.create(self._rendezvous, self.options)
             else:
                 ordinal = sum(1 for kind, _ in self._backends if kind == "cuda")
                 comm = cuda_backend.create(self._rendezvous, index, self.options, ordinal)
@@ -296,6 +309,27 @@ class Communicator:
             where = ", ".join(f"rank {r} at index {i}" for r, i in bad)
             raise FloatingPointError(f"{name}: NaN or Inf in the input of {where}")
 
+    def _now(self, name, args):
+        """Runs `name` on the CPU ring at once when nothing more is asked of the call: no debug
+        or check_finite exchange, no async work still queued, the ring set up and open. Returns
+        False, having done nothing, otherwise: the caller then takes the checked route.
+        Arguments go positionally: pybind's keyword matching costs ~0.7 us a call."""
+        if self.debug or self.check_finite:
+            return False
+        self._lock.acquire()  # not `with`, which costs twice as much
+        try:
+            comm = self._cpu
+            if comm is None or self._last is not None:
+                return False
+            getattr(comm, name)(*args)
+            return True
+        finally:
+            self._lock.release()
+
+    def _now_on_cpu(self, buf, async_op, name, args):
+        """_now for a checked CPU buffer of a synchronous call (`args` complete, positional)."""
+        return not async_op and buf.device == "cpu" and self._now(name, args)
+
     def _call(self, buf, name, args, extra):
         with self._lock:
             comm = self._backend(buf.device, buf.device_index)
@@ -308,7 +342,10 @@ class Communicator:
         if buf.device == "cuda":  # already asynchronous: ordered on the caller's stream
             self._call(buf, name, args, extra)
             return work.completed(result, torch.device("cuda", buf.device_index)) if async_op else result
+        if not (async_op or extra) and self._now(name, args):
+            return result
         if not async_op and (self._last is None or self._last.done()):
+            self._last = None  # nothing queued: _now may run the next calls directly
             self._call(buf, name, args, extra)
             return result
         if self._worker is None:

@@ -17,14 +17,13 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
 from . import _C
-from .buffers import _C_DTYPES, _TORCH_DTYPES
+from .buffers import cpu_array
 from .communicator import Communicator
 from .rendezvous import Rendezvous
 from .ops import to_c_op
 
 NAME = "ringcomm"
 
-_DTYPES = {t: _C_DTYPES[name] for t, name in _TORCH_DTYPES.items()}
 _RedOpType = dist.ReduceOp.RedOpType
 
 
@@ -34,23 +33,17 @@ def _op(opts, call):
     if opts is None:
         return _C.RedOp.sum
     op = opts.reduceOp
-    c_op = _C_OPS.get(op)  # a ReduceOp hashes and compares as its RedOpType
+    c_op = _C_OPS.get(hash(op))
     if c_op is None:
         raise NotImplementedError(f"ringcomm backend: {call} does not support ReduceOp {op.op}")
     return c_op
 
 
-_C_OPS = {dist.ReduceOp(kind): to_c_op(kind)
+# Keyed by hash: a ReduceOp hashes as its RedOpType's value, while a ReduceOp as a key costs
+# ~1 us a lookup in pybind's __eq__.
+_C_OPS = {hash(dist.ReduceOp(kind)): to_c_op(kind)
           for kind in (_RedOpType.SUM, _RedOpType.PRODUCT, _RedOpType.MIN, _RedOpType.MAX,
                        _RedOpType.AVG, _RedOpType.BAND, _RedOpType.BOR, _RedOpType.BXOR)}
-
-
-def _dtype(tensor, call):
-    c_dtype = _DTYPES.get(tensor.dtype)
-    if c_dtype is None:
-        names = ", ".join(str(t) for t in _DTYPES)
-        raise TypeError(f"ringcomm backend: {call} got a {tensor.dtype} tensor; supported: {names}")
-    return c_dtype
 
 
 def _completed(result):
@@ -107,7 +100,6 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         self.communicator = Communicator(rendezvous)
         self._rank, self._world_size = rank, world_size
         self._group_name = self._group_desc = ""
-        self._cpu_ring = None
         self._p2p_threads, self._p2p_last = None, {}
 
     # -- identity (FSDP2 and torch's group registry use these) ---------------------------------
@@ -138,16 +130,16 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
     # -- collectives ---------------------------------------------------------------------------
 
     def allreduce(self, tensors, opts=None):
-        # The hot path (one contiguous CPU tensor of a supported dtype) goes straight into the
-        # C++ ring with nothing allocated on the way; the rest takes the checked route.
+        # The hot path (a contiguous CPU tensor of a supported dtype) goes straight into the
+        # C++ ring with nothing allocated on the way, unless the communicator's options ask for
+        # more (see Communicator._now); the rest takes the checked route.
         op = _op(opts, "all_reduce")
+        comm = self.communicator
         for t in tensors:
-            c_dtype = _DTYPES.get(t.dtype)
-            if c_dtype is not None and t.is_cpu and t.is_contiguous():
-                self._cpu().all_reduce(t.data_ptr(), t.numel(), c_dtype, op)
-            else:
+            fast = cpu_array(t)  # then wire_dtype, scale, stream and algorithm, positionally
+            if fast is None or not comm._now("all_reduce", (*fast, op, None, 1.0, 0, comm._algorithm)):
                 with _Contiguous(t) as c:
-                    self.communicator.all_reduce(c, op.name)
+                    comm.all_reduce(c, op.name)
         return _finish(opts, tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -155,12 +147,12 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
 
     def broadcast(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
+        comm = self.communicator
         for t in tensors:
-            if t.is_cpu and t.is_contiguous():
-                self._cpu().broadcast(t.data_ptr(), t.numel(), _dtype(t, "broadcast"), root)
-            else:
+            fast = cpu_array(t)
+            if fast is None or not comm._now("broadcast", (*fast, root)):
                 with _Contiguous(t) as c:
-                    self.communicator.broadcast(c, root)
+                    comm.broadcast(c, root)
         return _finish(opts, tensors)
 
     def reduce(self, tensors, opts):
@@ -254,7 +246,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
     def barrier(self, opts=None):
         # A barrier is an allreduce of nothing: every rank's first message needs every rank.
         token = torch.zeros(1, dtype=torch.int8)
-        self._cpu().all_reduce(token.data_ptr(), 1, _C.DataType.int8, _C.RedOp.sum)
+        self.communicator.all_reduce(token)
         return _completed([token])
 
     # -- point to point and all-to-all ------------------------------------------------------
@@ -332,12 +324,6 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
     def _drain_p2p(self):
         for pending in self._p2p_last.values():
             pending.result()
-
-    def _cpu(self):
-        """The C++ communicator of the shared-memory ring (built on first use)."""
-        if self._cpu_ring is None:
-            self._cpu_ring = self.communicator._backend("cpu", -1)
-        return self._cpu_ring
 
     def _check_list(self, tensors, like, call, what):
         if len(tensors) != self._world_size:

@@ -2,12 +2,14 @@
 view."""
 import os
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 
 import ringcomm
 from launcher import launch
+from ringcomm.buffers import as_buffer
 from ringcomm.ops import to_reduce_op
 
 
@@ -20,6 +22,14 @@ def test_ops_accept_our_members_torch_members_and_names():
     for bad in ("add", 3, dist.ReduceOp.PREMUL_SUM):
         with pytest.raises(ValueError, match="unsupported reduction op"):
             to_reduce_op(bad)
+
+
+def test_byte_swapped_numpy_arrays_are_refused_not_misread():
+    # numpy names a big-endian float32 "float32" too; reduced as native floats it would be garbage.
+    swapped = np.ones(3, dtype=np.dtype(np.float32).newbyteorder())
+    with pytest.raises(TypeError, match="does not support"):
+        as_buffer(swapped)
+    assert as_buffer(np.ones(3, dtype=np.float32)).c_dtype == ringcomm._C.DataType.float32
 
 
 def test_build_info_reports_cuda_and_archs():
@@ -98,6 +108,29 @@ def test_16_bit_wire_accumulates_in_float32_and_agrees_across_ranks():
         ours = (outputs[0].double() - exact).abs().sum()
         theirs = (hop16.double() - exact).abs().sum()
         assert ours < theirs, f"{wire}: ring error {ours} is not below 16-bit hops' {theirs}"
+
+
+def numpy_calls(rank, n):
+    comm = ringcomm.Communicator(timeout=30)
+    summed = np.arange(6, dtype=np.int64) + rank
+    comm.all_reduce(summed)
+    copied = np.full(5, float(rank), dtype=np.float32)
+    comm.broadcast(copied, src=1)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        comm.all_reduce(np.arange(8, dtype=np.int32).reshape(2, 4)[:, ::2])
+    frozen = np.ones(3, dtype=np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        comm.broadcast(frozen)
+    comm.close()
+    return summed, copied
+
+
+def test_numpy_arrays_reduce_and_broadcast_exactly_and_bad_ones_are_refused():
+    n = 2
+    for summed, copied in launch(n, numpy_calls):
+        assert summed.tolist() == [n * i + sum(range(n)) for i in range(6)]
+        assert copied.dtype == np.float32 and copied.tolist() == [1.0] * 5
 
 
 def test_schedule_is_exported():

@@ -303,6 +303,12 @@ def _errors(rank, world_size, store_path):
         torch.ones(2), op=dist._make_nccl_premul_sum(2.0)))
     raised("dtype", lambda: dist.all_reduce(torch.ones(2, dtype=torch.int16)))
     raised("gather_list", lambda: dist.all_gather([torch.empty(1)], torch.ones(1)))
+    # The hot path of contiguous CPU tensors honours the communicator's options too.
+    os.environ["RINGCOMM_CHECK_FINITE"] = "1"
+    checked = dist.new_group(backend="ringcomm")
+    del os.environ["RINGCOMM_CHECK_FINITE"]
+    bad = torch.tensor([1.0, float("nan") if rank == 1 else 2.0])
+    raised("check_finite", lambda: dist.all_reduce(bad, group=checked))
     dist.barrier()
     # Rank 1 skips a collective: rank 0 times out (init_process_group's timeout), never hangs.
     store = dist.distributed_c10d._get_default_store()
@@ -322,6 +328,8 @@ def test_errors_name_the_call_and_time_out(tmp_path):
         assert "NotImplementedError" in seen["premul_sum"] and "PREMUL_SUM" in seen["premul_sum"]
         assert "TypeError" in seen["dtype"] and "torch.int16" in seen["dtype"]
         assert "ValueError" in seen["gather_list"] and "one per rank" in seen["gather_list"]
+        assert seen["check_finite"].startswith("FloatingPointError") and \
+            "rank 1 at index 1" in seen["check_finite"], seen["check_finite"]
     assert "CommTimeoutError" in results[0]["timeout"] or "timed out" in results[0]["timeout"], \
         results[0]["timeout"]
 
