@@ -240,20 +240,22 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "collective_header",
       [](Primitive primitive, uint64_t count, DataType type, RedOp op, int root,
-         std::optional<DataType> wire) {
-        const Envelope e = collectiveHeader(primitive, count, type, op, root, wire.value_or(type));
+         std::optional<DataType> wire, Algorithm algorithm) {
+        const Envelope e =
+            collectiveHeader(primitive, count, type, op, root, wire.value_or(type), algorithm);
         return std::vector<int64_t>{e.primitive, e.dataType, e.op, e.root, e.wireType,
-                                    static_cast<int64_t>(e.count)};
+                                    static_cast<int64_t>(e.count), e.algorithm};
       },
       py::arg("primitive"), py::arg("count"), py::arg("dtype"), py::arg("op"), py::arg("root"),
-      py::arg("wire_dtype") = py::none());
+      py::arg("wire_dtype") = py::none(), py::arg("algorithm") = Algorithm::Ring);
   m.def(
       "describe_collective",
       [](const std::vector<int64_t>& h) {
-        RC_CHECK(h.size() == 6, "a collective header has 6 fields, not ", h.size());
+        RC_CHECK(h.size() == 7, "a collective header has 7 fields, not ", h.size());
         Envelope e = collectiveHeader(static_cast<Primitive>(h[0]), static_cast<uint64_t>(h[5]),
                                       static_cast<DataType>(h[1]), static_cast<RedOp>(h[2]),
-                                      static_cast<int>(h[3]), static_cast<DataType>(h[4]));
+                                      static_cast<int>(h[3]), static_cast<DataType>(h[4]),
+                                      static_cast<Algorithm>(h[6]));
         return describeCollective(e);
       },
       py::arg("header"));

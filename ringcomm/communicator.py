@@ -11,6 +11,7 @@ from .ops import to_c_op
 from .rendezvous import Rendezvous
 
 _P = _C.Primitive
+_RING = _C.Algorithm.ring
 
 
 class Communicator:
@@ -110,7 +111,7 @@ class Communicator:
         extra = {"algorithm": algorithm}
         if wire is not None and wire != buf.c_dtype:
             extra["wire_dtype"] = wire
-        self._precheck("all_reduce", buf, c_op, 0, buf, extra.get("wire_dtype"))
+        self._precheck("all_reduce", buf, c_op, 0, buf, extra.get("wire_dtype"), algorithm)
         return self._run(buf, "all_reduce", (buf.address, buf.numel, buf.c_dtype, c_op), tensor,
                          async_op, **extra)
 
@@ -129,8 +130,8 @@ class Communicator:
         checks.sizes(inp.numel, out.numel * self.world_size, "input", "world_size x output")
         checks.aliasing(out, inp, inp.element_address(self.rank * out.numel))
         c_op = to_c_op(op)
-        self._precheck("reduce_scatter", out, c_op, 0, inp)
         c_algorithm = checks.algorithm(algorithm) if algorithm else self._algorithms["reduce_scatter"]
+        self._precheck("reduce_scatter", out, c_op, 0, inp, algorithm=c_algorithm)
         args = (out.address, inp.address, out.numel, out.c_dtype, c_op)
         if self._now_on_cpu(out, async_op, "reduce_scatter", (*args, 0, c_algorithm)):
             return output
@@ -150,8 +151,8 @@ class Communicator:
         checks.same_kind(out, inp)
         checks.sizes(out.numel, inp.numel * self.world_size, "output", "world_size x input")
         checks.aliasing(out, inp, out.element_address(self.rank * inp.numel), inp_inside_out=True)
-        self._precheck("all_gather", inp, None, 0, inp)
         c_algorithm = checks.algorithm(algorithm) if algorithm else self._algorithms["all_gather"]
+        self._precheck("all_gather", inp, None, 0, inp, algorithm=c_algorithm)
         args = (out.address, inp.address, inp.numel, out.c_dtype)
         if self._now_on_cpu(out, async_op, "all_gather", (*args, 0, c_algorithm)):
             return output
@@ -283,10 +284,11 @@ class Communicator:
             self._backends[key] = comm
         return comm
 
-    def _precheck(self, name, buf, c_op, root, data, wire_dtype=None):
+    def _precheck(self, name, buf, c_op, root, data, wire_dtype=None, algorithm=_RING):
         """Debug and NaN/Inf checks: one small all_gather over the CPU ring, so that every rank
         reaches the same verdict and raises together instead of leaving its peers waiting.
-        Ranks compare the header the C++ messages carry (_C.collective_header)."""
+        Ranks compare the header the C++ messages carry (_C.collective_header), with the
+        algorithm asked for (ranks must ask for the same)."""
         if not (self.debug or self.check_finite):
             return
         if self._last is not None:
@@ -294,7 +296,8 @@ class Communicator:
         first_bad = checks.first_non_finite(data) if self.check_finite and data is not None else -1
         # Collectives without an op carry SUM in their messages' headers.
         header = _C.collective_header(_P.__members__[name], buf.numel, buf.c_dtype,
-                                      _C.RedOp.sum if c_op is None else c_op, root, wire_dtype)
+                                      _C.RedOp.sum if c_op is None else c_op, root, wire_dtype,
+                                      algorithm)
         mine = torch.tensor(header + [first_bad], dtype=torch.int64)
         everyone = torch.empty(self.world_size * mine.numel(), dtype=torch.int64)
         self._call(_CPU_BUFFER, "all_gather", (everyone.data_ptr(), mine.data_ptr(), mine.numel(),

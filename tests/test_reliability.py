@@ -99,6 +99,7 @@ MISMATCHES = {
     "root": lambda comm, r: comm.broadcast(torch.ones(10), src=r),
     "collective": lambda comm, r: comm.all_reduce(torch.ones(4)) if r else comm.broadcast(torch.ones(4)),
     "empty vs not": lambda comm, r: comm.all_reduce(torch.ones(5 * r)),
+    "algorithm": lambda comm, r: comm.all_reduce(torch.ones(4), algorithm="one_shot" if r else "ring"),
 }
 
 
