@@ -4,10 +4,10 @@ checking, the table, JSON and the plot. Collective-specific parts live in collec
 Timing follows nccl-tests: per size, synchronise every rank, warm up (the implementation's own
 calls then leave the ranks aligned, closer than the control group's barrier does), run `iters`
 calls back to back, and take the per-rank mean; a round's time is the slowest rank's. On a noisy
-machine run several rounds: the implementations alternate within each round (in a rotating
-order, on the same buffers), and a record holds every round's time, their median (the reported
-time) and their spread. Validation runs after timing, on freshly initialised buffers, so
-checking never slows the timed loop.
+machine run several rounds: the implementations alternate within each round (on the same
+buffers, each following every other in turn), and a record holds every round's time, their
+median (the reported time) and their spread. Validation runs after timing, on freshly
+initialised buffers, so checking never slows the timed loop.
 """
 import contextlib
 import json
@@ -195,9 +195,9 @@ class Bench:
                 coll.init(bufs, pattern, self.n)
                 rounds = {impl.name: [] for impl in impls}
                 for r in range(self.s.rounds):
-                    # Implementations alternate on the same buffers; the order rotates each round
-                    # so none always runs right after the same neighbour.
-                    for impl in impls[r % len(impls):] + impls[:r % len(impls)]:
+                    # Implementations alternate on the same buffers, each following every other
+                    # in turn, so none keeps inheriting one neighbour's traces.
+                    for impl in (impls[i] for i in balanced_order(len(impls), r)):
                         seconds = max(self._every_rank(self._time(impl, coll, bufs)))
                         rounds[impl.name].append(seconds)
                         bar.update()
@@ -229,6 +229,17 @@ class Bench:
                 "time_us": seconds * 1e6, "algbw": algbw, "busbw": algbw * coll.bus_factor(self.n),
                 "wrong": wrong, "nranks": self.n, "device": self.device.type,
                 "rounds_us": [t * 1e6 for t in rounds], "spread_us": spread(rounds) * 1e6}
+
+
+def balanced_order(k, r):
+    """Round r's order of k implementations, a Williams design: over k rounds (2k for odd k)
+    each implementation runs right after every other one equally often."""
+    base, low, high = [0], 1, k - 1
+    for j in range(1, k):  # 0, 1, k-1, 2, k-2, ...
+        base.append(low if j % 2 else high)
+        low, high = (low + 1, high) if j % 2 else (low, high - 1)
+    order = [(b + r) % k for b in base]
+    return order[::-1] if k % 2 and (r // k) % 2 else order
 
 
 def spread(values):

@@ -8,8 +8,9 @@ launch per world size; the selector's thresholds from the crossovers, and issue 
 
 A bench/run.py run with these defaults: every name in ringcomm.options.ALGORITHMS (--algorithm
 all), for all_reduce and for each collective whose Communicator call takes algorithm= (detected),
--f 2, 5 rounds per size with the implementations alternating within each (the reported time is
-the median round's, the spread the rounds' interquartile range). Then, on rank 0:
+-f 2, -n 20 -w 3, 6 rounds per size with the implementations alternating within each (each
+following every other in turn; the reported time is the median round's, the spread the rounds'
+interquartile range). Then, on rank 0:
 
 - per collective, a table of median times and spreads, each algorithm's time over the ring's and
   over gloo's, and the fastest algorithm per size;
@@ -40,7 +41,7 @@ from ringcomm.options import ALGORITHMS, CommOptions  # noqa: E402
 SELECTOR, REFERENCE, BASELINE = "auto", "ring", "gloo"
 # Collectives to tune, where their Communicator call takes algorithm=.
 TUNED = ("all_reduce", "reduce_scatter", "all_gather")
-DEFAULTS = ["-b", "8", "-e", "64M", "-f", "2", "-n", "20", "-w", "5", "--rounds", "5",
+DEFAULTS = ["-b", "8", "-e", "64M", "-f", "2", "-n", "20", "-w", "3", "--rounds", "6",
             "--algorithm", "all"]
 
 
@@ -227,8 +228,8 @@ def threshold_lines(coll, result, world):
     for name, max_bytes in result["thresholds"].items():
         env, present = threshold_setting(name)
         note = "" if present else f"  # no CommOptions.{name}_max_bytes in this build"
-        lines.append(f"{env}={max_bytes}  # {coll}, {world} ranks: {name} up to "
-                     f"{harness.format_size(max_bytes) if max_bytes else 'never'}{note}")
+        where = f"up to {harness.format_size(max_bytes)}" if max_bytes else "never"
+        lines.append(f"{env}={max_bytes}  # {coll}, {world} ranks: {name} {where}{note}")
     if not result["thresholds"]:
         lines.append(f"# {coll}: no one-hop algorithm measured beside the ring: no thresholds")
     return lines
@@ -343,6 +344,9 @@ def plot(path, records, title):
         axes[1, col].set(xlabel="size (bytes)", ylabel=f"time / {REFERENCE}'s", xscale="log",
                          yscale="log")
         axes[1, col].axhline(1.0, color="gray", lw=0.8)
+        for which in ("major", "minor"):  # 0.5, 2, not 5x10^-1, 2x10^0
+            getattr(axes[1, col].yaxis, f"set_{which}_formatter")(
+                FuncFormatter(lambda y, _: f"{y:g}"))
         for ax in axes[:, col]:
             ax.set_xscale("log", base=2)
             ax.xaxis.set_major_formatter(

@@ -28,6 +28,18 @@ def test_sizes_parse_like_nccl_tests():
     assert harness.sweep(8, 64, 2) == [8, 16, 32, 64]
 
 
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 6])
+def test_rounds_let_each_implementation_follow_every_other_equally_often(k):
+    cycle = k if k % 2 == 0 else 2 * k
+    follows = {}
+    for r in range(cycle):
+        order = harness.balanced_order(k, r)
+        assert sorted(order) == list(range(k))
+        for pair in zip(order, order[1:]):
+            follows[pair] = follows.get(pair, 0) + 1
+    assert len(follows) == k * (k - 1) and len(set(follows.values())) <= 1
+
+
 def test_run_writes_checked_records(tmp_path):
     out = tmp_path / "bench.json"
     plot = tmp_path / "bench.png"
