@@ -22,13 +22,19 @@ interquartile range). Then, on rank 0:
 - the targets: 8 B all_reduce time and its ratio to gloo, 64 MiB busbw over gloo's.
 
 --json writes {"records", "analysis", "environment"}; --plot draws time and time over the ring
-against size.
+against size. One launch on a busy machine is noisy: repeat it, then pool the launches
+
+    python bench/tune.py --merge t2a.json t2b.json t2c.json --json t2.json --plot t2.png
+
+(each size's rounds from every launch together: median and spread over all of them).
 """
+import argparse
 import dataclasses
 import itertools
 import json
 import math
 import os
+import statistics
 import sys
 
 import harness
@@ -288,30 +294,84 @@ def environment(args, world):
 
 
 def environment_line(env):
-    text = f"# machine: {env['cores']} cores; load average before the run " \
-           f"{env['loadavg_before'][0]:.2f} (1 min); {env['busy_processes']} busy processes beside"
-    if "busy_pct" in env:
-        text += f"; during the run {env['busy_pct']:.0f} % busy, {env['steal_pct']:.0f} % stolen"
-    return text
+    """One line per launch: cores, load before, busy processes beside, busy and stolen shares."""
+    lines = []
+    for one in env.get("launches", [env]):
+        text = f"# machine: {one['cores']} cores; load average before the run " \
+               f"{one['loadavg_before'][0]:.2f} (1 min); {one['busy_processes']} busy processes " \
+               "beside"
+        if "busy_pct" in one:
+            text += f"; during the run {one['busy_pct']:.0f} % busy, {one['steal_pct']:.0f} % " \
+                    "stolen"
+        lines.append(text)
+    return "\n".join(lines)
 
 
-def report(records, world, args):
-    """bench/run.py's rank 0 at the end: print the analysis, write the JSON and the plot."""
+def publish(records, world, env, json_path=None, plot_path=None):
+    """Print the analysis of `records`; write the JSON and the plot where asked."""
     analysis = analyse(records, world)
-    env = environment(args, world)
+    rounds = len(records[0]["rounds_us"]) if records else 0
     lines = [environment_line(env)]
     for coll, result in analysis.items():
-        lines += ["", summary_table(coll, result, world, args.rounds)]
+        lines += ["", summary_table(coll, result, world, rounds)]
         lines += threshold_lines(coll, result, world) + violation_lines(coll, result)
         if "targets" in result:
             lines += target_lines(result, world)
     print("\n".join(lines), flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
+    if json_path:
+        with open(json_path, "w") as f:
             json.dump({"records": records, "analysis": analysis, "environment": env}, f, indent=1)
-    if args.plot:
-        plot(args.plot, records, f"{world} ranks, {env['cores']} cores, "
-                                 f"{args.load} busy processes beside")
+    if plot_path:
+        busy = sorted({one["busy_processes"] for one in env.get("launches", [env])})
+        plot(plot_path, records, f"{world} ranks, {env.get('cores')} cores, "
+                                 f"{'/'.join(map(str, busy))} busy processes beside")
+
+
+def report(records, world, args):
+    """bench/run.py's rank 0 at the end: the analysis, the JSON and the plot."""
+    publish(records, world, environment(args, world), args.json, args.plot)
+
+
+def merge(launches):
+    """Several launches' records as one: each (collective, implementation, size, variant) gets
+    every launch's rounds, their median and spread. All launches must have the same world."""
+    pooled = {}
+    for records in launches:
+        for r in records:
+            key = (r["collective"], r["impl"], r["size"], r["inplace"])
+            if key in pooled:
+                pooled[key]["rounds_us"] = pooled[key]["rounds_us"] + r["rounds_us"]
+                pooled[key]["wrong"] = (pooled[key]["wrong"] or 0) + (r["wrong"] or 0)
+            else:
+                pooled[key] = dict(r)
+    for r in pooled.values():
+        seconds = [t * 1e-6 for t in r["rounds_us"]]
+        factor = r["busbw"] / r["algbw"] if r["algbw"] else 1.0
+        r["time_us"] = statistics.median(seconds) * 1e6
+        r["spread_us"] = harness.spread(seconds) * 1e6
+        r["algbw"] = r["size"] / r["time_us"] / 1e3  # GB/s
+        r["busbw"] = r["algbw"] * factor
+    return list(pooled.values())
+
+
+def main_merge(argv):
+    p = argparse.ArgumentParser(prog="tune.py --merge",
+                                description="Pool several bench/tune.py --json launches of one "
+                                            "world size and analyse them as one.")
+    p.add_argument("--merge", nargs="+", required=True, metavar="JSON")
+    p.add_argument("--json", metavar="PATH")
+    p.add_argument("--plot", metavar="PATH")
+    args = p.parse_args(argv)
+    launches = []
+    for path in args.merge:
+        with open(path) as f:
+            launches.append(json.load(f))
+    worlds = {d["environment"]["nranks"] for d in launches}
+    if len(worlds) != 1:
+        p.error(f"launches of different world sizes {sorted(worlds)}: merge one at a time")
+    env = {"launches": [d["environment"] for d in launches], "nranks": worlds.pop(),
+           "cores": launches[0]["environment"]["cores"], "sources": args.merge}
+    publish(merge([d["records"] for d in launches]), env["nranks"], env, args.json, args.plot)
 
 
 def plot(path, records, title):
@@ -366,6 +426,8 @@ def tuned_collectives():
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--merge" in argv:
+        return main_merge(argv)
     # run.py's parser: the later of repeated options wins, so the caller's come last.
     run.main(DEFAULTS + ["--collective", ",".join(tuned_collectives())] + argv, report=report)
 

@@ -120,6 +120,15 @@ def test_tune_times_every_algorithm_and_writes_the_analysis(tmp_path):
     assert "target, 8 B all_reduce, 2 ranks" in proc.stdout and "selector check" in proc.stdout
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
+    # Launches pooled: twice the rounds per size, one analysis, both launches' environments.
+    merged = tmp_path / "merged.json"
+    tune.main(["--merge", str(out), str(out), "--json", str(merged)])
+    pooled = json.loads(merged.read_text())
+    assert len(pooled["records"]) == len(records)
+    assert all(len(r["rounds_us"]) == 4 for r in pooled["records"])
+    assert len(pooled["environment"]["launches"]) == 2
+    assert pooled["analysis"]["all_reduce"]["thresholds"].keys() == result["thresholds"].keys()
+
 
 def test_collectives_that_take_an_algorithm_are_detected():
     from collectives import COLLECTIVES
@@ -178,6 +187,17 @@ def test_thresholds_weigh_a_noisy_loss_against_a_larger_gain():
     times = _times(ring=[10, 10, 10, 10, 20, 50, 150, 500],
                    one_shot=[5, 5, 5, 11, 10, 100, 300, 1000])
     assert tune.suggest_thresholds(times, ["one_shot"]) == {"one_shot": 2048}
+
+
+def test_merge_pools_the_rounds_of_every_launch():
+    def rec(rounds):
+        return {"collective": "all_reduce", "impl": "ringcomm-ring", "size": 1000,
+                "inplace": True, "rounds_us": rounds, "time_us": 0, "spread_us": 0,
+                "algbw": 1.0, "busbw": 1.0, "wrong": 0}
+    (r,) = tune.merge([[rec([10.0, 30.0])], [rec([20.0, 40.0, 50.0])]])
+    assert r["rounds_us"] == [10.0, 30.0, 20.0, 40.0, 50.0]
+    assert r["time_us"] == pytest.approx(30.0) and r["spread_us"] == pytest.approx(20.0)
+    assert r["algbw"] == pytest.approx(1000 / 30e-6 / 1e9) and r["busbw"] == r["algbw"]
 
 
 def _row(size, times, spreads=None):
