@@ -128,14 +128,34 @@ def takes_algorithm(coll):
     return "algorithm" in inspect.signature(getattr(ringcomm.Communicator, coll.name)).parameters
 
 
-def _ringcomm_impls(comm, coll, args):
-    """ringcomm-NAME per --algorithm where the call takes one, else one "ringcomm" column."""
+def _ringcomm_impls(comm, coll, args, device):
+    """ringcomm-NAME per --algorithm where the call takes one and runs it, else one "ringcomm"
+    column."""
     run = coll.ringcomm
     if args.algorithm is None or not takes_algorithm(coll):
         return [harness.Impl("ringcomm", lambda c, b: run(comm, b, args.op, args.root))]
     return [harness.Impl(f"ringcomm-{name}",
                          lambda c, b, name=name: run(comm, b, args.op, args.root, algorithm=name))
-            for name in args.algorithm]
+            for name in args.algorithm if _runs(comm, coll, name, args, device)]
+
+
+def _runs(comm, coll, name, args, device):
+    """Whether `comm` runs `coll` with algorithm `name`, tried on a tiny buffer: a refusal (an
+    algorithm not planned for this collective) is an argument check, the same on every rank, and
+    leaves the communicator usable. Said once; the sweep goes on without it."""
+    bufs = coll.allocate(1, comm.world_size, comm.rank, harness.DTYPES[args.datatype], device,
+                         inplace=False)
+    bufs.send.zero_()
+    try:
+        coll.ringcomm(comm, bufs, args.op, args.root, algorithm=name)
+        return True
+    except (ringcomm.CommTimeoutError, ringcomm.PeerError, ringcomm.MismatchError):
+        raise  # a failure, not a refusal
+    except (ringcomm.RingcommError, ValueError, NotImplementedError) as error:
+        if comm.rank == 0:
+            print(f"# {coll.name}: ringcomm refuses algorithm {name} ({error}): left out",
+                  flush=True)
+        return False
 
 
 def _share_gpu(rank):
@@ -194,7 +214,7 @@ def worker(rank, world, args, init_method):
     records = []
     for name in args.collective:
         coll = COLLECTIVES[name]
-        impls = (_ringcomm_impls(comm, coll, args) if comm else []) + baseline
+        impls = (_ringcomm_impls(comm, coll, args, device) if comm else []) + baseline
         names = [i.name for i in impls]
         if rank == 0:
             print(harness.table_header(names, _title(coll, args, world, device)),

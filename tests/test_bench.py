@@ -140,6 +140,34 @@ def test_collectives_that_take_an_algorithm_are_detected():
     assert all(run.takes_algorithm(COLLECTIVES[c]) for c in tune.tuned_collectives())
 
 
+def test_an_algorithm_the_communicator_refuses_is_left_out(tmp_path, capsys):
+    import dataclasses
+
+    import torch
+    import torch.distributed as dist
+    from collectives import COLLECTIVES
+
+    import ringcomm
+    import run
+
+    # A real refusal: one_shot sends the data's own type, so it refuses a 16-bit wire.
+    coll = dataclasses.replace(COLLECTIVES["all_reduce"], ringcomm=lambda comm, b, op, root, **kw:
+                               comm.all_reduce(b.recv, op=op, wire_dtype=torch.bfloat16, **kw))
+    args = run.parse_args(["--device", "cpu", "--algorithm", "ring,one_shot"])
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        comm = ringcomm.Communicator(timeout=10)
+        impls = run._ringcomm_impls(comm, coll, args, torch.device("cpu"))
+        assert [i.name for i in impls] == ["ringcomm-ring"]
+        assert "refuses algorithm one_shot" in capsys.readouterr().out
+        t = torch.ones(3)
+        comm.all_reduce(t, algorithm="one_shot")  # still usable after the refusal
+        assert t.tolist() == [1.0, 1.0, 1.0]
+        comm.close()
+    finally:
+        dist.destroy_process_group()
+
+
 def _times(**curves):
     """{algorithm: {size: seconds}} from {algorithm: [seconds at SIZES]}."""
     return {name: dict(zip(SIZES, ts)) for name, ts in curves.items()}
