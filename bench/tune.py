@@ -16,7 +16,8 @@ interquartile range). Then, on rank 0:
   over gloo's, and the fastest algorithm per size;
 - suggested thresholds: for the one-hop algorithms, in ALGORITHMS' order, the largest size each
   should take (below the next one's range; the ring above all), chosen to lose the least against
-  the fastest at every measured size; printed as RINGCOMM_<NAME>_MAX_BYTES=... lines;
+  the fastest at every measured size; printed as RINGCOMM_<NAME>_MAX_BYTES=... lines for
+  all_reduce, as comments for the other collectives;
 - the selector check: sizes where "auto" is slower than the ring by more than the noise (the
   larger of the two spreads);
 - the targets: 8 B all_reduce time and its ratio to gloo, 64 MiB busbw over gloo's.
@@ -230,11 +231,16 @@ def summary_table(coll, result, world, rounds):
 
 
 def threshold_lines(coll, result, world):
+    """RINGCOMM_<NAME>_MAX_BYTES=... for all_reduce (the fields are named after its algorithms);
+    comments for the other collectives, whose mapping onto the fields is the selector's."""
     lines = []
     for name, max_bytes in result["thresholds"].items():
+        where = f"up to {harness.format_size(max_bytes)}" if max_bytes else "never"
+        if coll != "all_reduce":
+            lines.append(f"# suggested for {coll}, {world} ranks: {name} {where} ({max_bytes})")
+            continue
         env, present = threshold_setting(name)
         note = "" if present else f"  # no CommOptions.{name}_max_bytes in this build"
-        where = f"up to {harness.format_size(max_bytes)}" if max_bytes else "never"
         lines.append(f"{env}={max_bytes}  # {coll}, {world} ranks: {name} {where}{note}")
     if not result["thresholds"]:
         lines.append(f"# {coll}: no one-hop algorithm measured beside the ring: no thresholds")
