@@ -36,6 +36,7 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 
 import harness
@@ -296,7 +297,18 @@ def environment(args, world):
     return {"nranks": world, "cores": os.cpu_count(), "loadavg_before": list(args.loadavg),
             "busy_processes": args.load, "rounds": args.rounds, "iters": args.iters,
             "warmup": args.warmup_iters, "algorithms": list(ALGORITHMS),
-            "ringcomm": ringcomm.__file__, "command": sys.argv, **load}
+            "ringcomm": ringcomm.__file__, "ringcomm_commit": _commit(ringcomm.__file__),
+            "command": sys.argv, **load}
+
+
+def _commit(path):
+    """The git commit of the checkout `path` lies in (None for an installed package)."""
+    try:
+        out = subprocess.run(["git", "-C", os.path.dirname(path), "rev-parse", "HEAD"],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
 
 
 def environment_line(env):
