@@ -356,7 +356,6 @@ def write_plot(path, records, title):
 
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter, LogLocator
 
     colls = list(dict.fromkeys(r["collective"] for r in records))
     fig, axes = plt.subplots(1, len(colls), figsize=(6 * len(colls), 4.2), squeeze=False)
@@ -370,12 +369,25 @@ def write_plot(path, records, title):
                     ax.plot(*zip(*pts), marker="o", ms=3, color=f"C{color}",
                             linestyle="-" if inplace else "--",
                             label=f"{impl} ({'in-place' if inplace else 'out-of-place'})")
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_locator(LogLocator(base=2, numticks=10))
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: format_size(int(round(x)))))
         ax.set(title=coll, xlabel="size (bytes)", ylabel="busbw (GB/s)")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+        size_axis(ax)
+    save_figure(fig, path, title)
+
+
+def size_axis(ax):
+    """A log2 size axis labelled 8, 1K, 64M, a grid and the legend."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(LogLocator(base=2, numticks=10))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: format_size(int(round(x)))))
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+
+
+def save_figure(fig, path, title):
+    import matplotlib.pyplot as plt
+
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

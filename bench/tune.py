@@ -263,6 +263,12 @@ def _met(entry, label):
     return "met" if entry.get(f"{label}_met") else "NOT met"
 
 
+def _contenders(entry):
+    """(label, name) of the best algorithm and of the selector, where measured."""
+    return [(label, entry["best"] if label == "best" else SELECTOR)
+            for label in ("best", "selector") if f"{label}_us" in entry]
+
+
 def target_lines(result, world):
     t, goal = result["targets"], TARGETS.get(world)
     lines = []
@@ -270,25 +276,20 @@ def target_lines(result, world):
     if small is None:
         lines.append("# target, 8 B all_reduce: not measured (needs -b 8 and the gloo baseline)")
     else:
-        text = f"# target, 8 B all_reduce, {world} ranks: gloo {_us(small['gloo_us'])} us"
-        for label in ("best", "selector"):
-            if f"{label}_us" in small:
-                name = small["best"] if label == "best" else SELECTOR
-                text += f"; {name} {_us(small[f'{label}_us'])} us = " \
-                        f"{small[f'{label}_vs_gloo']:.4f}x gloo" + \
-                        (f" ({_met(small, label)})" if goal else "")
-        if goal:
-            text += f"  [target <= {goal.small_us:g} us and <= {goal.small_vs_gloo:g}x gloo]"
-        lines.append(text)
+        parts = [f"{name} {_us(small[f'{label}_us'])} us = {small[f'{label}_vs_gloo']:.4f}x gloo"
+                 + (f" ({_met(small, label)})" if goal else "")
+                 for label, name in _contenders(small)]
+        goal_text = f"  [target <= {goal.small_us:g} us and <= {goal.small_vs_gloo:g}x gloo]" \
+            if goal else ""
+        lines.append(f"# target, 8 B all_reduce, {world} ranks: gloo {_us(small['gloo_us'])} us; "
+                     + "; ".join(parts) + goal_text)
     if large is None:
         lines.append("# target, 64 MiB all_reduce busbw: not measured (needs -e 64M and gloo)")
     else:
-        text = f"# target, 64 MiB all_reduce busbw, {world} ranks:"
-        for label in ("best", "selector"):
-            if f"{label}_us" in large:
-                name = large["best"] if label == "best" else SELECTOR
-                text += f" {name} {1 / large[f'{label}_vs_gloo']:.2f}x gloo ({_met(large, label)});"
-        lines.append(text + f"  [target >= {LARGE_VS_GLOO:g}x]")
+        parts = [f"{name} {1 / large[f'{label}_vs_gloo']:.2f}x gloo ({_met(large, label)})"
+                 for label, name in _contenders(large)]
+        lines.append(f"# target, 64 MiB all_reduce busbw, {world} ranks: " + "; ".join(parts)
+                     + f"  [target >= {LARGE_VS_GLOO:g}x]")
     return lines
 
 
@@ -426,15 +427,8 @@ def plot(path, records, title):
             getattr(axes[1, col].yaxis, f"set_{which}_formatter")(
                 FuncFormatter(lambda y, _: f"{y:g}"))
         for ax in axes[:, col]:
-            ax.set_xscale("log", base=2)
-            ax.xaxis.set_major_formatter(
-                FuncFormatter(lambda x, _: harness.format_size(int(round(x)))))
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+            harness.size_axis(ax)
+    harness.save_figure(fig, path, title)
 
 
 def tuned_collectives():
