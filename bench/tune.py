@@ -72,9 +72,9 @@ def short(impl):
 
 
 def one_hop(names):
-    """The algorithms a threshold chooses, in ALGORITHMS' order: every one but the ring and the
-    selector."""
-    return [a for a in ALGORITHMS if a in names and a not in (REFERENCE, SELECTOR)]
+    """The algorithms a threshold chooses, in the measured order (the measuring build's
+    ALGORITHMS): every ringcomm algorithm but the ring and the selector."""
+    return [n for n in names if n not in (REFERENCE, SELECTOR, BASELINE, "ringcomm")]
 
 
 def select(size, thresholds, fallback=REFERENCE):
