@@ -23,9 +23,11 @@ Non-power-of-two N costs recursive doubling and halving-doubling one extra excha
 before and after (the ranks beyond the largest power of two fold in). A flat algorithm that
 spans several nodes runs at the pace of its slowest link: the inter-node alpha and beta.
 
---calibrate fits the in-node alpha and beta by least squares from a bench/run.py --json file
-(ringcomm all_reduce records: time = 2(N-1) alpha + 2(N-1)/N S beta), so the in-node column of
-the model is this machine's measurement; beta then includes the reduction (gamma = 0).
+--calibrate fits the in-node alpha and beta by least squares from a bench/run.py or bench/tune.py
+--json file (ring all_reduce records: time = 2(N-1) alpha + 2(N-1)/N S beta), so the in-node
+column of the model is this machine's measurement; beta then includes the reduction (gamma = 0).
+It also fits each other measured algorithm to its own formula (one-shot, two-shot): where its
+alpha and beta differ from the ring's, the model's crossovers differ from the measured ones.
 
 What the model leaves out: in pure alpha-beta terms halving-doubling has the ring's bandwidth
 term and fewer latency terms, so the ring never wins outright here. What keeps rings in NCCL is
@@ -139,22 +141,47 @@ def best(n, size, machine):
     return name, times[name], times["ring"]
 
 
-def fit_ring(records):
-    """(alpha, beta) from ringcomm all_reduce records by least squares on
-    time = 2(N-1) alpha + 2(N-1)/N S beta. Raises if the records cannot determine both."""
+# Measured algorithm names (ringcomm.options.ALGORITHMS) -> the model's formula for them.
+FORMULAS = {"ring": ring, "one_shot": one_shot, "two_shot": two_shot}
+
+
+def load_records(path):
+    """Records from a bench/run.py JSON (a list) or a bench/tune.py JSON (under "records")."""
+    with open(path) as f:
+        data = json.load(f)
+    return data["records"] if isinstance(data, dict) else data
+
+
+def measured_algorithms(records):
+    """The algorithms with all_reduce records that FORMULAS can fit, ring first."""
+    names = {_algorithm(r["impl"]) for r in records if r.get("collective") == "all_reduce"}
+    return [a for a in FORMULAS if a in names]
+
+
+def _algorithm(impl):
+    """A record's algorithm: "ringcomm-NAME" (bench --algorithm), plain "ringcomm" the ring."""
+    return "ring" if impl == "ringcomm" else impl.removeprefix("ringcomm-")
+
+
+def fit(records, algorithm="ring"):
+    """(alpha, beta) from ringcomm all_reduce records of `algorithm` by least squares on its
+    formula, which is linear in both (ring: time = 2(N-1) alpha + 2(N-1)/N S beta). Raises if
+    the records cannot determine both."""
+    formula = FORMULAS[algorithm]
     rows = [r for r in records if r.get("collective") == "all_reduce"
-            and r.get("impl") == "ringcomm" and r.get("nranks", 1) > 1 and r.get("time_us")]
+            and _algorithm(r.get("impl", "")) == algorithm and r.get("nranks", 1) > 1
+            and r.get("time_us")]
     if len({r["size"] for r in rows}) < 2:
-        raise ValueError("calibration needs ringcomm all_reduce records at two sizes or more")
-    a = np.array([[2 * (r["nranks"] - 1), 2 * (r["nranks"] - 1) / r["nranks"] * r["size"]]
-                  for r in rows])
+        raise ValueError(f"calibration needs {algorithm} all_reduce records at two sizes or more")
+    a = np.array([[formula(r["nranks"], r["size"], Link(1.0, 0.0)),
+                   formula(r["nranks"], r["size"], Link(0.0, 1.0))] for r in rows])
     t = np.array([r["time_us"] * 1e-6 for r in rows])
     # Relative error matters (8 B and 64 MiB differ by 1000x): weight each row by 1/time.
     w = 1 / t
     (alpha, beta), *_ = np.linalg.lstsq(a * w[:, None], t * w, rcond=None)
     if alpha <= 0 or beta <= 0:
         raise ValueError(f"calibration gave alpha={alpha:.3g} s, beta={beta:.3g} s/B: the "
-                         "records do not follow the ring's cost; measure a wider size range")
+                         f"records do not follow {algorithm}'s cost; measure a wider size range")
     return float(alpha), float(beta)
 
 
@@ -208,8 +235,8 @@ def plot(path, machine, ranks=RANKS, sizes=SIZES):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--calibrate", metavar="JSON", help="bench/run.py --json output to fit the "
-                   "in-node alpha and beta from (ringcomm all_reduce records)")
+    p.add_argument("--calibrate", metavar="JSON", help="bench/run.py or bench/tune.py --json "
+                   "output to fit the in-node alpha and beta from (ring all_reduce records)")
     p.add_argument("--intra-alpha-us", type=float, default=DEFAULT_INTRA[0] * 1e6)
     p.add_argument("--intra-gbps", type=float, default=1 / DEFAULT_INTRA[1] / 1e9,
                    help="in-node bandwidth per rank, GB/s (1/beta)")
@@ -225,10 +252,13 @@ def main(argv=None):
 
     gamma = 1 / (args.gamma_gbps * 1e9) if args.gamma_gbps > 0 else 0.0
     intra = Link(args.intra_alpha_us * 1e-6, 1 / (args.intra_gbps * 1e9), gamma)
+    fits = {}
     if args.calibrate:
-        with open(args.calibrate) as f:
-            alpha, beta = fit_ring(json.load(f))
-        intra = replace(intra, alpha=alpha, beta=beta)
+        records = load_records(args.calibrate)
+        fits = {a: fit(records, a) for a in measured_algorithms(records)}
+        if "ring" not in fits:
+            raise SystemExit(f"{args.calibrate}: no ring all_reduce records to calibrate on")
+        intra = replace(intra, alpha=fits["ring"][0], beta=fits["ring"][1])
     inter = Link(args.inter_alpha_us * 1e-6, 1 / (args.inter_gbps * 1e9), gamma)
     machine = Machine(intra, inter, args.ranks_per_node)
 
@@ -236,6 +266,10 @@ def main(argv=None):
           f"{' (fitted)' if args.calibrate else ''}; between nodes: alpha "
           f"{inter.alpha * 1e6:.2f} us, {1 / inter.beta / 1e9:.2f} GB/s; "
           f"{machine.ranks_per_node} ranks per node")
+    for name, (alpha, beta) in fits.items():
+        if name != "ring":
+            print(f"# measured {name}, fitted to its own formula: alpha {alpha * 1e6:.2f} us, "
+                  f"{1 / beta / 1e9:.2f} GB/s (the table uses the ring's for every algorithm)")
     print(table(machine))
     if args.json:
         rows = [{"ranks": n, "size": s, **{k: v * 1e6 for k, v in predictions(n, s, machine).items()}}

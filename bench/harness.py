@@ -1,11 +1,18 @@
 """The shared benchmark harness (nccl-tests' common.cu in miniature): sizes, warm-up, timing,
 checking, the table, JSON and the plot. Collective-specific parts live in collectives.py.
 
-Timing follows nccl-tests: per size, warm up, synchronise every rank, run `iters` calls back to
-back, and take the per-rank mean; the reported time is the slowest rank's. Validation runs after
-timing, on freshly initialised buffers, so checking never slows the timed loop.
+Timing follows nccl-tests: per size, synchronise every rank, warm up (the implementation's own
+calls then leave the ranks aligned, closer than the control group's barrier does), run `iters`
+calls back to back, and take the per-rank mean; a round's time is the slowest rank's. On a noisy
+machine run several rounds: the implementations alternate within each round (on the same
+buffers, each following every other in turn), and a record holds every round's time, their
+median (the reported time) and their spread. Validation runs after timing, on freshly
+initialised buffers, so checking never slows the timed loop.
 """
+import contextlib
 import json
+import multiprocessing
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -127,6 +134,7 @@ class Settings:
     op: str = "sum"
     root: int = 0
     type_name: str = "float"
+    rounds: int = 1  # interleaved repetitions per size: median and spread over them
 
 
 _BAR_DELAY = 2  # seconds before the progress bar appears
@@ -141,10 +149,10 @@ class Bench:
         self.timer = CudaTimer() if device.type == "cuda" else CpuTimer()
 
     def _time(self, impl, coll, bufs):
-        for _ in range(self.s.warmup):
-            impl.run(coll, bufs)
         self.timer.sync()
-        dist.barrier(group=self.ctl)  # every rank starts the timed loop together
+        dist.barrier(group=self.ctl)  # every rank starts together...
+        for _ in range(self.s.warmup):  # ...and the last warm-up call aligns them closer still
+            impl.run(coll, bufs)
         self.timer.start()
         for _ in range(self.s.iters):
             impl.run(coll, bufs)
@@ -163,13 +171,11 @@ class Bench:
             return int(((out.double() - expected).abs() > tol).sum())
         return int((out != expected.to(out.dtype)).sum())
 
-    def _combine(self, seconds, wrong):
-        """Slowest rank's mean time and the total #wrong, as nccl-tests reports them."""
-        mine = torch.tensor([seconds, float(wrong)], dtype=torch.float64)
-        every = torch.empty(self.n * 2, dtype=torch.float64)
-        all_gather_tensor(every, mine, group=self.ctl)
-        every = every.view(self.n, 2)
-        return float(every[:, 0].max()), int(every[:, 1].sum())
+    def _every_rank(self, value):
+        """`value` from every rank, in rank order (on the control group)."""
+        every = torch.empty(self.n, dtype=torch.float64)
+        all_gather_tensor(every, torch.tensor([float(value)], dtype=torch.float64), group=self.ctl)
+        return every.tolist()
 
     def run(self, coll, impls, sizes, on_row=None):
         """Measures every size, variant and implementation; returns rank 0's records."""
@@ -179,21 +185,29 @@ class Bench:
         counts = sorted({coll.counts(b, elsize, self.n) for b in sizes})
         records = []
         # A bar only where someone watches (a terminal), and only once a sweep takes a while.
-        bar = tqdm(total=len(counts) * len(variants) * len(impls), desc=coll.name, unit="run",
-                   file=sys.stderr, delay=_BAR_DELAY, leave=False,
+        bar = tqdm(total=len(counts) * len(variants) * len(impls) * self.s.rounds, desc=coll.name,
+                   unit="run", file=sys.stderr, delay=_BAR_DELAY, leave=False,
                    disable=self.rank != 0 or not sys.stderr.isatty())
         for p, full in counts:
             row = []
             for inplace in variants:
                 bufs = coll.allocate(p, self.n, self.rank, self.dtype, self.device, inplace)
                 coll.init(bufs, pattern, self.n)
-                for impl in impls:  # alternate implementations on the same buffers
-                    seconds = self._time(impl, coll, bufs)
-                    wrong = self._wrong(impl, coll, bufs, pattern, p) if self.s.check else 0
-                    seconds, wrong = self._combine(seconds, wrong)
-                    row.append(self._record(coll, impl.name, p, full * elsize, inplace, seconds,
-                                            wrong if self.s.check else None))
-                    bar.update()
+                rounds = {impl.name: [] for impl in impls}
+                for r in range(self.s.rounds):
+                    # Implementations alternate on the same buffers, each following every other
+                    # in turn, so none keeps inheriting one neighbour's traces.
+                    for impl in (impls[i] for i in balanced_order(len(impls), r)):
+                        seconds = max(self._every_rank(self._time(impl, coll, bufs)))
+                        rounds[impl.name].append(seconds)
+                        bar.update()
+                for impl in impls:
+                    wrong = None
+                    if self.s.check:
+                        mine = self._wrong(impl, coll, bufs, pattern, p)
+                        wrong = int(sum(self._every_rank(mine)))
+                    row.append(self._record(coll, impl.name, p, full * elsize, inplace,
+                                            rounds[impl.name], wrong))
                 del bufs
             records += row
             if on_row and self.rank == 0:
@@ -206,13 +220,79 @@ class Bench:
         bar.close()
         return records
 
-    def _record(self, coll, impl, count, nbytes, inplace, seconds, wrong):
+    def _record(self, coll, impl, count, nbytes, inplace, rounds, wrong):
+        seconds = statistics.median(rounds)
         algbw = nbytes / seconds / 1e9
         return {"collective": coll.name, "impl": impl, "size": nbytes, "count": count,
                 "type": self.s.type_name, "redop": self.s.op if coll.has_op else "none",
                 "root": self.s.root if coll.has_root else -1, "inplace": inplace,
                 "time_us": seconds * 1e6, "algbw": algbw, "busbw": algbw * coll.bus_factor(self.n),
-                "wrong": wrong, "nranks": self.n, "device": self.device.type}
+                "wrong": wrong, "nranks": self.n, "device": self.device.type,
+                "rounds_us": [t * 1e6 for t in rounds], "spread_us": spread(rounds) * 1e6}
+
+
+def balanced_order(k, r):
+    """Round r's order of k implementations, a Williams design: over k rounds (2k for odd k)
+    each implementation runs right after every other one equally often."""
+    base, low, high = [0], 1, k - 1
+    for j in range(1, k):  # 0, 1, k-1, 2, k-2, ...
+        base.append(low if j % 2 else high)
+        low, high = (low + 1, high) if j % 2 else (low, high - 1)
+    order = [(b + r) % k for b in base]
+    return order[::-1] if k % 2 and (r // k) % 2 else order
+
+
+def spread(values):
+    """The interquartile range: how far the middle half of the rounds lies apart (0 for one)."""
+    if len(values) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q3 - q1
+
+
+# -- the machine's own load ------------------------------------------------------------------
+
+def _spin():
+    while True:
+        pass
+
+
+@contextlib.contextmanager
+def busy_load(processes):
+    """`processes` busy-looping processes for the duration: a busy machine on demand."""
+    ctx = multiprocessing.get_context("fork")
+    spinners = [ctx.Process(target=_spin, daemon=True) for _ in range(processes)]
+    for p in spinners:
+        p.start()
+    try:
+        yield
+    finally:
+        for p in spinners:
+            p.terminate()
+        for p in spinners:
+            p.join()
+
+
+def cpu_times():
+    """The machine's CPU time so far, from /proc/stat: {busy, steal, total} in clock ticks (empty
+    where /proc/stat is missing). Two readings give the share of the machine that was busy and
+    that the hypervisor took (steal) in between."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return {}
+    user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    total = user + nice + system + idle + iowait + irq + softirq + steal
+    return {"busy": user + nice + system + irq + softirq, "steal": steal, "total": total}
+
+
+def machine_load(before, after):
+    """{busy_pct, steal_pct} of the machine's cores between two cpu_times() readings."""
+    ticks = after.get("total", 0) - before.get("total", 0)
+    if ticks <= 0:
+        return {}
+    return {k + "_pct": 100 * (after[k] - before[k]) / ticks for k in ("busy", "steal")}
 
 
 # -- output ----------------------------------------------------------------------------------
@@ -276,7 +356,6 @@ def write_plot(path, records, title):
 
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter, LogLocator
 
     colls = list(dict.fromkeys(r["collective"] for r in records))
     fig, axes = plt.subplots(1, len(colls), figsize=(6 * len(colls), 4.2), squeeze=False)
@@ -290,12 +369,25 @@ def write_plot(path, records, title):
                     ax.plot(*zip(*pts), marker="o", ms=3, color=f"C{color}",
                             linestyle="-" if inplace else "--",
                             label=f"{impl} ({'in-place' if inplace else 'out-of-place'})")
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_locator(LogLocator(base=2, numticks=10))
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: format_size(int(round(x)))))
         ax.set(title=coll, xlabel="size (bytes)", ylabel="busbw (GB/s)")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+        size_axis(ax)
+    save_figure(fig, path, title)
+
+
+def size_axis(ax):
+    """A log2 size axis labelled 8, 1K, 64M, a grid and the legend."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(LogLocator(base=2, numticks=10))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: format_size(int(round(x)))))
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+
+
+def save_figure(fig, path, title):
+    import matplotlib.pyplot as plt
+
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

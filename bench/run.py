@@ -5,11 +5,14 @@ terms.
     python bench/run.py --nproc 4 -b 8 -e 64M -f 2 --collective all --json r.json --plot r.png
     torchrun --nproc-per-node 8 bench/run.py --device cuda --baseline nccl-ring
     python bench/run.py -b 8 -e 1M --baseline ringcomm-pg  # Communicator vs dist.* on "ringcomm"
-    python bench/run.py -b 8 -e 8 --algorithm ring,one_shot  # all_reduce algorithms side by side
+    python bench/run.py -b 8 -e 8 --algorithm ring,one_shot  # ringcomm algorithms side by side
+    python bench/run.py -b 8 -e 8 --rounds 7 --load 2     # median of 7 rounds, 2 busy processes
+    python bench/tune.py --nproc 4                         # every algorithm: thresholds, targets
 
 Spawns --nproc local ranks itself unless started by torchrun (RANK/WORLD_SIZE in the environment).
 """
 import argparse
+import inspect
 import os
 import sys
 import tempfile
@@ -40,6 +43,11 @@ def parse_args(argv=None):
     p.add_argument("-f", "--stepfactor", type=int, default=8, help="size multiplier per step")
     p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per size")
     p.add_argument("-w", "--warmup_iters", type=int, default=5, help="untimed iterations first")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="rounds per size, implementations alternating within each; the time is "
+                        "the median round's, the spread their interquartile range")
+    p.add_argument("--load", type=int, default=0, metavar="N",
+                   help="N busy-looping processes during the run: what a busy machine does")
     p.add_argument("-c", "--check", type=int, choices=(0, 1), default=1, help="validate results")
     p.add_argument("-d", "--datatype", default="float",
                    choices=sorted(harness.DTYPES) + sorted(harness.DTYPE_ALIASES))
@@ -59,9 +67,10 @@ def parse_args(argv=None):
     p.add_argument("--plot", metavar="PATH", help="write a PNG of busbw against size")
     p.add_argument("--timeout", type=float, default=300, help="ringcomm communicator timeout (s)")
     p.add_argument("--algorithm", type=_algorithms, default=None,
-                   help="ringcomm all_reduce algorithm(s), comma-separated, each its own column "
-                        f"(ringcomm-NAME); one of {', '.join(ALGORITHMS)}; default: the "
-                        "communicator's (RINGCOMM_ALGO, else ring)")
+                   help="ringcomm algorithm(s), comma-separated, or 'all', each its own column "
+                        f"(ringcomm-NAME); of {', '.join(ALGORITHMS)}; for the collectives whose "
+                        "Communicator call takes algorithm= (the others get one 'ringcomm' "
+                        "column); default: the communicator's (RINGCOMM_ALGO, else ring)")
     args = p.parse_args(argv)
 
     args.datatype = harness.DTYPE_ALIASES.get(args.datatype, args.datatype)
@@ -79,8 +88,10 @@ def parse_args(argv=None):
         p.error("gloo has no avg reduction; use --baseline none (or another op)")
     if args.minbytes > args.maxbytes:
         p.error("--minbytes is larger than --maxbytes")
-    if args.iters < 1 or args.warmup_iters < 0:
-        p.error("need -n >= 1 and -w >= 0")
+    if args.iters < 1 or args.warmup_iters < 0 or args.rounds < 1:
+        p.error("need -n >= 1, -w >= 0 and --rounds >= 1")
+    if args.load < 0:
+        p.error("--load must be >= 0")
     return args
 
 
@@ -94,7 +105,7 @@ def _collectives(text):
 
 
 def _algorithms(text):
-    names = text.split(",")
+    names = list(ALGORITHMS) if text == "all" else text.split(",")
     for name in names:
         try:
             check_algorithm(name)
@@ -111,15 +122,40 @@ def _device(args, rank):
     return torch.device("cuda", local)
 
 
-def _ringcomm_impls(comms, args, device):
-    """ringcomm (one per --algorithm), or none where this build cannot run on the device (said
-    once, not fatal)."""
-    if device.type == "cuda" and not ringcomm.build_info()["cuda"]:
-        if dist.get_rank() == 0:
-            print("# ringcomm skipped: this build has no CUDA path (built without nvcc)", flush=True)
-        return []
-    return [harness.Impl(name, lambda c, b, comm=comm: c.ringcomm(comm, b, args.op, args.root))
-            for name, comm in comms.items()]
+def takes_algorithm(coll):
+    """Whether this build's Communicator call for `coll` takes algorithm= (looked up, not assumed:
+    the algorithms reach the collectives one by one)."""
+    return "algorithm" in inspect.signature(getattr(ringcomm.Communicator, coll.name)).parameters
+
+
+def _ringcomm_impls(comm, coll, args, device):
+    """ringcomm-NAME per --algorithm where the call takes one and runs it, else one "ringcomm"
+    column."""
+    run = coll.ringcomm
+    if args.algorithm is None or not takes_algorithm(coll):
+        return [harness.Impl("ringcomm", lambda c, b: run(comm, b, args.op, args.root))]
+    return [harness.Impl(f"ringcomm-{name}",
+                         lambda c, b, name=name: run(comm, b, args.op, args.root, algorithm=name))
+            for name in args.algorithm if _runs(comm, coll, name, args, device)]
+
+
+def _runs(comm, coll, name, args, device):
+    """Whether `comm` runs `coll` with algorithm `name`, tried on a tiny buffer: a refusal (an
+    algorithm not planned for this collective) is an argument check, the same on every rank, and
+    leaves the communicator usable. Said once; the sweep goes on without it."""
+    bufs = coll.allocate(1, comm.world_size, comm.rank, harness.DTYPES[args.datatype], device,
+                         inplace=False)
+    bufs.send.zero_()
+    try:
+        coll.ringcomm(comm, bufs, args.op, args.root, algorithm=name)
+        return True
+    except (ringcomm.CommTimeoutError, ringcomm.PeerError, ringcomm.MismatchError):
+        raise  # a failure, not a refusal
+    except (ringcomm.RingcommError, ValueError, NotImplementedError) as error:
+        if comm.rank == 0:
+            print(f"# {coll.name}: ringcomm refuses algorithm {name} ({error}): left out",
+                  flush=True)
+        return False
 
 
 def _share_gpu(rank):
@@ -145,18 +181,18 @@ def worker(rank, world, args, init_method):
     ctl = dist.new_group(backend="gloo")
     if not 0 <= args.root < world:
         raise SystemExit(f"--root {args.root} is not a rank of {world}")
-    if args.algorithm is None:
-        comms = {"ringcomm": ringcomm.Communicator(timeout=args.timeout)}
-    else:  # one communicator per algorithm: its all_reduce runs with it
-        comms = {f"ringcomm-{name}": ringcomm.Communicator(timeout=args.timeout, algorithm=name)
-                 for name in args.algorithm}
-    impls = _ringcomm_impls(comms, args, device)
+    comm = None  # None where this build cannot run on the device (said once, not fatal)
+    if device.type != "cuda" or ringcomm.build_info()["cuda"]:
+        comm = ringcomm.Communicator(timeout=args.timeout)
+    elif rank == 0:
+        print("# ringcomm skipped: this build has no CUDA path (built without nvcc)", flush=True)
+    baseline = []
     if args.baseline != "none":
         op = TORCH_OPS[args.op]
         # The backend path: the same torch.distributed calls, on a process group run by ringcomm.
         group = dist.new_group(backend="ringcomm") if args.baseline == "ringcomm-pg" else None
-        impls.append(harness.Impl(args.baseline, lambda c, b: c.torch(b, op, args.root, group)))
-    if not impls:
+        baseline.append(harness.Impl(args.baseline, lambda c, b: c.torch(b, op, args.root, group)))
+    if comm is None and not baseline:
         raise SystemExit("nothing to measure: ringcomm cannot run here and --baseline is none")
 
     if rank == 0:  # alone on the machine while the others wait, so the figure is clean
@@ -172,13 +208,14 @@ def worker(rank, world, args, init_method):
         torch.set_num_threads(1)
 
     settings = harness.Settings(args.iters, args.warmup_iters, bool(args.check), args.op,
-                                args.root, args.datatype)
+                                args.root, args.datatype, args.rounds)
     bench = harness.Bench(rank, world, device, ctl, settings)
-    names = [i.name for i in impls]
     sizes = harness.sweep(args.minbytes, args.maxbytes, args.stepfactor)
     records = []
     for name in args.collective:
         coll = COLLECTIVES[name]
+        impls = (_ringcomm_impls(comm, coll, args, device) if comm else []) + baseline
+        names = [i.name for i in impls]
         if rank == 0:
             print(harness.table_header(names, _title(coll, args, world, device)),
                   flush=True)
@@ -188,13 +225,15 @@ def worker(rank, world, args, init_method):
         if rank == 0:
             print(_summary(rows, names) + "\n", flush=True)
 
-    if rank == 0:
+    if rank == 0 and args.report:  # the caller's analysis writes its own files
+        args.report(records, world, args)
+    elif rank == 0:
         if args.json:
             harness.write_json(args.json, records)
         if args.plot:
             harness.write_plot(args.plot, records, f"{world} ranks, {device.type}, "
                                                    f"{args.datatype}")
-    for comm in comms.values():
+    if comm:
         comm.close()
     dist.destroy_process_group()
 
@@ -204,8 +243,11 @@ def _title(coll, args, world, device):
         f"{os.cpu_count()} CPU cores"
     lines = [f"ringcomm bench: {coll.name}, {world} ranks on {where}; type {args.datatype}, "
              f"op {args.op}, root {args.root}; iters {args.iters}, warmup {args.warmup_iters}, "
-             f"check {args.check}; baseline {args.baseline}",
-             "time: slowest rank's mean over the timed iterations; GB = 1e9 bytes"]
+             f"check {args.check}; baseline {args.baseline}"
+             + (f"; {args.load} busy processes beside" if args.load else ""),
+             "time: slowest rank's mean over the timed iterations"
+             + (f", median of {args.rounds} interleaved rounds" if args.rounds > 1 else "")
+             + "; GB = 1e9 bytes"]
     if coll.in_place_only:
         lines.append(f"{coll.name} is in place in ringcomm and torch.distributed: out-of-place "
                      "is N/A")
@@ -225,15 +267,24 @@ def _spawned(index, world, args, init_method):
     worker(index, world, args, init_method)
 
 
-def main(argv=None):
+def main(argv=None, report=None):
+    """Runs the benchmark; `report(records, world, args)`, if given, runs on rank 0 at the end
+    instead of the JSON and plot writers (bench/tune.py's analysis)."""
     args = parse_args(argv)
+    args.report = report
+    # How busy the machine was before we start, and its CPU time from here on (rank 0 reports).
+    args.loadavg = os.getloadavg()
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun started us
+        if args.load:
+            raise SystemExit("run.py: error: --load needs run.py to start the ranks itself")
+        args.cpu_before = harness.cpu_times()
         worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args, "env://")
         return
     world = args.nproc or (torch.cuda.device_count() if args.device == "cuda" else 2)
     if not 0 <= args.root < world:
         raise SystemExit(f"run.py: error: --root {args.root} is not a rank of {world}")
-    with tempfile.TemporaryDirectory(prefix="ringcomm-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="ringcomm-bench-") as tmp, harness.busy_load(args.load):
+        args.cpu_before = harness.cpu_times()
         # fork starts in a fraction of a second; CUDA cannot survive a fork, so spawn there.
         torch.multiprocessing.start_processes(
             _spawned, args=(world, args, f"file://{tmp}/store"), nprocs=world, join=True,

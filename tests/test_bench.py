@@ -28,6 +28,18 @@ def test_sizes_parse_like_nccl_tests():
     assert harness.sweep(8, 64, 2) == [8, 16, 32, 64]
 
 
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 6])
+def test_rounds_let_each_implementation_follow_every_other_equally_often(k):
+    cycle = k if k % 2 == 0 else 2 * k
+    follows = {}
+    for r in range(cycle):
+        order = harness.balanced_order(k, r)
+        assert sorted(order) == list(range(k))
+        for pair in zip(order, order[1:]):
+            follows[pair] = follows.get(pair, 0) + 1
+    assert len(follows) == k * (k - 1) and len(set(follows.values())) <= 1
+
+
 def test_run_writes_checked_records(tmp_path):
     out = tmp_path / "bench.json"
     plot = tmp_path / "bench.png"
@@ -56,3 +68,203 @@ def test_run_writes_checked_records(tmp_path):
     assert ("all_reduce", False) not in variants and ("all_gather", False) in variants
     assert "ringcomm/gloo busbw" in proc.stdout and "memcpy ceiling" in proc.stdout
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# -- bench/tune.py: every algorithm, thresholds, targets ----------------------------------------
+
+import tune  # noqa: E402
+from ringcomm.options import ALGORITHMS  # noqa: E402
+
+
+def _env():
+    import ringcomm
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(ringcomm.__file__).parent.parent),
+                                                      env.get("PYTHONPATH")]))
+    return env
+
+
+def test_tune_times_every_algorithm_and_writes_the_analysis(tmp_path):
+    out, plot = tmp_path / "tune.json", tmp_path / "tune.png"
+    cmd = [sys.executable, str(ROOT / "bench" / "tune.py"), "--nproc", "2", "-b", "8", "-e", "512",
+           "-f", "64", "-n", "2", "-w", "1", "--rounds", "2", "--load", "1", "--json", str(out),
+           "--plot", str(plot)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(out.read_text())
+    assert data.keys() == {"records", "analysis", "environment"}
+    records = data["records"]
+    colls = {r["collective"] for r in records}
+    assert colls == set(tune.tuned_collectives()) and "all_reduce" in colls
+    # Every algorithm the build offers, read from ringcomm.options, beside gloo.
+    ar = [r for r in records if r["collective"] == "all_reduce"]
+    assert {r["impl"] for r in ar} == {f"ringcomm-{a}" for a in ALGORITHMS} | {"gloo"}
+    for r in records:
+        assert KEYS <= r.keys() and r["wrong"] == 0, r
+        assert len(r["rounds_us"]) == 2 and r["spread_us"] >= 0
+        assert r["size"] in (8, 512)
+    result = data["analysis"]["all_reduce"]
+    assert [row["size"] for row in result["rows"]] == [8, 512]
+    assert set(result["thresholds"]) == set(tune.one_hop(ALGORITHMS))
+    assert set(result["rows"][0]["vs_ring"]) == set(ALGORITHMS) | {"gloo"}
+    assert result["rows"][0]["fastest"] in set(ALGORITHMS) - {"auto"} | {"gloo"}
+    assert isinstance(result["selector_violations"], list)
+    small = result["targets"]["small"]
+    assert small["size"] == 8 and small["gloo_us"] > 0 and "best_met" in small
+    assert result["targets"]["large"] is None  # 64 MiB not measured here
+    env = data["environment"]
+    assert env["busy_processes"] == 1 and env["nranks"] == 2 and env["rounds"] == 2
+    for name in tune.one_hop(ALGORITHMS):
+        assert f"RINGCOMM_{name.upper()}_MAX_BYTES=" in proc.stdout
+    assert "target, 8 B all_reduce, 2 ranks" in proc.stdout and "selector check" in proc.stdout
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # Launches pooled: twice the rounds per size, one analysis, both launches' environments.
+    merged = tmp_path / "merged.json"
+    tune.main(["--merge", str(out), str(out), "--json", str(merged)])
+    pooled = json.loads(merged.read_text())
+    assert len(pooled["records"]) == len(records)
+    assert all(len(r["rounds_us"]) == 4 for r in pooled["records"])
+    assert len(pooled["environment"]["launches"]) == 2
+    assert pooled["analysis"]["all_reduce"]["thresholds"].keys() == result["thresholds"].keys()
+
+
+def test_collectives_that_take_an_algorithm_are_detected():
+    from collectives import COLLECTIVES
+
+    import run
+
+    assert run.takes_algorithm(COLLECTIVES["all_reduce"])
+    assert tune.tuned_collectives()[0] == "all_reduce"
+    assert all(run.takes_algorithm(COLLECTIVES[c]) for c in tune.tuned_collectives())
+
+
+def test_an_algorithm_the_communicator_refuses_is_left_out(tmp_path, capsys):
+    import dataclasses
+
+    import torch
+    import torch.distributed as dist
+    from collectives import COLLECTIVES
+
+    import ringcomm
+    import run
+
+    # A real refusal: one_shot sends the data's own type, so it refuses a 16-bit wire.
+    coll = dataclasses.replace(COLLECTIVES["all_reduce"], ringcomm=lambda comm, b, op, root, **kw:
+                               comm.all_reduce(b.recv, op=op, wire_dtype=torch.bfloat16, **kw))
+    args = run.parse_args(["--device", "cpu", "--algorithm", "ring,one_shot"])
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        comm = ringcomm.Communicator(timeout=10)
+        impls = run._ringcomm_impls(comm, coll, args, torch.device("cpu"))
+        assert [i.name for i in impls] == ["ringcomm-ring"]
+        assert "refuses algorithm one_shot" in capsys.readouterr().out
+        t = torch.ones(3)
+        comm.all_reduce(t, algorithm="one_shot")  # still usable after the refusal
+        assert t.tolist() == [1.0, 1.0, 1.0]
+        comm.close()
+    finally:
+        dist.destroy_process_group()
+
+
+def _times(**curves):
+    """{algorithm: {size: seconds}} from {algorithm: [seconds at SIZES]}."""
+    return {name: dict(zip(SIZES, ts)) for name, ts in curves.items()}
+
+
+SIZES = [8 << (2 * i) for i in range(8)]  # 8 B .. 128 KiB, x4
+
+
+def test_threshold_is_the_last_size_a_one_hop_algorithm_wins():
+    times = _times(ring=[10, 10, 10, 12, 20, 50, 150, 500],
+                   one_shot=[4, 4, 5, 7, 15, 60, 300, 2000])
+    assert tune.suggest_thresholds(times, ["one_shot"]) == {"one_shot": 2048}
+
+
+def test_thresholds_for_two_algorithms_in_their_order():
+    times = _times(ring=[10, 10, 10, 12, 20, 50, 150, 500],
+                   one_shot=[4, 4, 5, 8, 30, 90, 300, 2000],
+                   two_shot=[6, 6, 6, 9, 16, 40, 140, 520])
+    assert tune.suggest_thresholds(times, ["one_shot", "two_shot"]) == \
+        {"one_shot": 512, "two_shot": 32768}
+    thresholds = {"one_shot": 512, "two_shot": 32768}
+    assert [tune.select(s, thresholds) for s in (8, 512, 2048, 32768, 131072)] == \
+        ["one_shot", "one_shot", "two_shot", "two_shot", "ring"]
+
+
+def test_thresholds_never_and_always_and_ties():
+    ring = [10] * 8
+    assert tune.suggest_thresholds(_times(ring=ring, one_shot=[11] * 8), ["one_shot"]) == \
+        {"one_shot": 0}
+    assert tune.suggest_thresholds(_times(ring=ring, one_shot=[9] * 8), ["one_shot"]) == \
+        {"one_shot": SIZES[-1]}
+    # Equal times: the ring keeps the size (the default stays unless measured better).
+    assert tune.suggest_thresholds(_times(ring=ring, one_shot=ring), ["one_shot"]) == \
+        {"one_shot": 0}
+    # An algorithm never picked inside its threshold range reads 0, not a meaningless size.
+    times = _times(ring=ring, one_shot=[5] * 8, two_shot=[6] * 8)
+    assert tune.suggest_thresholds(times, ["one_shot", "two_shot"]) == \
+        {"one_shot": SIZES[-1], "two_shot": 0}
+    # Algorithms not measured are left out; nothing measured at all gives no threshold.
+    assert tune.suggest_thresholds(_times(ring=ring), ["one_shot", "two_shot"]) == {}
+
+
+def test_thresholds_weigh_a_noisy_loss_against_a_larger_gain():
+    # one_shot loses 10 % at 512 B (noise) but wins 2x at 2 KiB: it should keep 2 KiB.
+    times = _times(ring=[10, 10, 10, 10, 20, 50, 150, 500],
+                   one_shot=[5, 5, 5, 11, 10, 100, 300, 1000])
+    assert tune.suggest_thresholds(times, ["one_shot"]) == {"one_shot": 2048}
+
+
+def test_merge_pools_the_rounds_of_every_launch():
+    def rec(rounds):
+        return {"collective": "all_reduce", "impl": "ringcomm-ring", "size": 1000,
+                "inplace": True, "rounds_us": rounds, "time_us": 0, "spread_us": 0,
+                "algbw": 1.0, "busbw": 1.0, "wrong": 0}
+    (r,) = tune.merge([[rec([10.0, 30.0])], [rec([20.0, 40.0, 50.0])]])
+    assert r["rounds_us"] == [10.0, 30.0, 20.0, 40.0, 50.0]
+    assert r["time_us"] == pytest.approx(30.0) and r["spread_us"] == pytest.approx(20.0)
+    assert r["algbw"] == pytest.approx(1000 / 30e-6 / 1e9) and r["busbw"] == r["algbw"]
+
+
+def _row(size, times, spreads=None):
+    return {"size": size, "time_us": times,
+            "spread_us": spreads or {n: 0.0 for n in times}}
+
+
+def test_selector_check_counts_only_losses_beyond_the_noise():
+    rows = [_row(8, {"ring": 10.0, "auto": 10.5}, {"ring": 1.0, "auto": 0.2}),   # within noise
+            _row(64, {"ring": 10.0, "auto": 13.0}, {"ring": 1.0, "auto": 2.0}),  # 3 > 2: slower
+            _row(512, {"ring": 10.0, "auto": 4.0})]                            # faster
+    bad = tune.selector_violations(rows)
+    assert [v["size"] for v in bad] == [64]
+    assert bad[0]["noise_us"] == 2.0 and bad[0]["ratio"] == pytest.approx(1.3)
+
+
+def test_targets_judge_time_ratio_and_busbw():
+    rows = [_row(8, {"ring": 12.0, "one_shot": 4.0, "auto": 5.0, "gloo": 1000.0}),
+            _row(64 << 20, {"ring": 20e3, "one_shot": 50e3, "auto": 21e3, "gloo": 62e3})]
+    t = tune.targets(rows, 2)
+    assert t["small"]["best"] == "one_shot" and t["small"]["best_met"]  # 4 us, 0.004x
+    assert t["small"]["selector_us"] == 5.0 and t["small"]["selector_met"]
+    assert t["large"]["best"] == "ring" and t["large"]["best_met"]  # 3.1x gloo's busbw
+    assert not t["large"]["selector_met"]  # 62/21 = 2.95x
+    t4 = tune.targets([_row(8, {"ring": 30.0, "auto": 25.0, "gloo": 1500.0})], 4)
+    assert not t4["small"]["best_met"] and t4["large"] is None
+
+
+def test_analysis_of_records_picks_the_fastest_and_ratios():
+    def rec(impl, size, us):
+        return {"collective": "all_reduce", "impl": impl, "size": size, "inplace": True,
+                "time_us": us, "spread_us": 0.5, "busbw": 1.0, "wrong": 0}
+    records = [rec("ringcomm-ring", 8, 10), rec("ringcomm-one_shot", 8, 5),
+               rec("ringcomm-auto", 8, 4), rec("gloo", 8, 1000),
+               rec("ringcomm-ring", 1 << 20, 100), rec("ringcomm-one_shot", 1 << 20, 300),
+               rec("ringcomm-auto", 1 << 20, 300), rec("gloo", 1 << 20, 2000)]
+    result = tune.analyse(records, 2)["all_reduce"]
+    assert [row["fastest"] for row in result["rows"]] == ["one_shot", "ring"]  # auto aside
+    assert result["rows"][0]["vs_ring"]["one_shot"] == 0.5
+    assert result["rows"][1]["vs_gloo"]["ring"] == 0.05
+    assert result["thresholds"] == {"one_shot": 8}
+    assert [v["size"] for v in result["selector_violations"]] == [1 << 20]

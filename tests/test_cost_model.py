@@ -21,13 +21,13 @@ def test_fit_recovers_alpha_and_beta_from_ring_times():
                for n in (2, 4) for s in (8, 4096, 1 << 20, 64 << 20)]
     records.append({"collective": "all_reduce", "impl": "gloo", "nranks": 2, "size": 8,
                     "time_us": 1e6})  # other implementations are ignored
-    fitted = cm.fit_ring(records)
+    fitted = cm.fit(records)
     assert fitted == pytest.approx((alpha, beta), rel=1e-9)
 
 
 def test_fit_refuses_records_that_cannot_determine_both():
     with pytest.raises(ValueError, match="two sizes"):
-        cm.fit_ring([{"collective": "all_reduce", "impl": "ringcomm", "nranks": 2, "size": 8,
+        cm.fit([{"collective": "all_reduce", "impl": "ringcomm", "nranks": 2, "size": 8,
                       "time_us": 10.0}])
 
 
