@@ -70,7 +70,7 @@ def parse_args(argv=None):
                    help="ringcomm algorithm(s), comma-separated, or 'all', each its own column "
                         f"(ringcomm-NAME); of {', '.join(ALGORITHMS)}; for the collectives whose "
                         "Communicator call takes algorithm= (the others get one 'ringcomm' "
-                        "column); default: the communicator's (RINGCOMM_ALGO, else ring)")
+                        "column); default: the communicator's (RINGCOMM_ALGORITHM, else ring)")
     args = p.parse_args(argv)
 
     args.datatype = harness.DTYPE_ALIASES.get(args.datatype, args.datatype)
