@@ -141,8 +141,6 @@ def test_collectives_that_take_an_algorithm_are_detected():
 
 
 def test_an_algorithm_the_communicator_refuses_is_left_out(tmp_path, capsys):
-    import dataclasses
-
     import torch
     import torch.distributed as dist
     from collectives import COLLECTIVES
@@ -150,18 +148,17 @@ def test_an_algorithm_the_communicator_refuses_is_left_out(tmp_path, capsys):
     import ringcomm
     import run
 
-    # A real refusal: one_shot sends the data's own type, so it refuses a 16-bit wire.
-    coll = dataclasses.replace(COLLECTIVES["all_reduce"], ringcomm=lambda comm, b, op, root, **kw:
-                               comm.all_reduce(b.recv, op=op, wire_dtype=torch.bfloat16, **kw))
-    args = run.parse_args(["--device", "cpu", "--algorithm", "ring,one_shot"])
+    # A real refusal: two_shot plans all_reduce only.
+    coll = COLLECTIVES["reduce_scatter"]
+    args = run.parse_args(["--device", "cpu", "--algorithm", "ring,two_shot"])
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
     try:
         comm = ringcomm.Communicator(timeout=10)
         impls = run._ringcomm_impls(comm, coll, args, torch.device("cpu"))
         assert [i.name for i in impls] == ["ringcomm-ring"]
-        assert "refuses algorithm one_shot" in capsys.readouterr().out
+        assert "refuses algorithm two_shot" in capsys.readouterr().out
         t = torch.ones(3)
-        comm.all_reduce(t, algorithm="one_shot")  # still usable after the refusal
+        comm.all_reduce(t, algorithm="two_shot")  # still usable after the refusal
         assert t.tolist() == [1.0, 1.0, 1.0]
         comm.close()
     finally:
