@@ -138,7 +138,8 @@ def choices(rank, n):
     counts or algorithms fail with MismatchError."""
     comm = ringcomm.Communicator(timeout=20, publish_bytes=PUBLISH_BYTES,
                                  one_shot_max_bytes=64, two_shot_max_bytes=512)
-    for count, picked in ((16, "one_shot"), (17, "two_shot"), (128, "two_shot"), (129, "ring")):
+    middle = "two_shot" if n > 2 else "ring"  # 2 ranks: two_shot saves no hop over the ring
+    for count, picked in ((16, "one_shot"), (17, middle), (128, middle), (129, "ring")):
         t = torch.full((count,), float(rank + 1))
         comm.all_reduce(t, algorithm="auto" if rank == 0 else picked)
         assert torch.equal(t, torch.full((count,), float(n * (n + 1) // 2))), (count, picked)
@@ -227,13 +228,23 @@ def test_transports_without_publications_run_auto_as_the_ring_and_refuse_one_hop
 def test_auto_thresholds_pick_by_size_on_shared_memory():
     C = ringcomm._C
     A, P = C.Algorithm, C.Primitive
-    transport = C.ShmTransport(0, 2, 4096, 4, 5.0, 0)  # not connected: choosing needs no peer
-    comm = C.Communicator(0, 2, transport, C.CpuReducer(), 4096, one_shot_max_bytes=100,
-                          two_shot_max_bytes=1000)
-    picks = {b: comm.resolve_algorithm(A.auto, P.all_reduce, b) for b in (0, 100, 101, 1000, 1001)}
+    def communicator(world):  # transports not connected: choosing needs no peer
+        return C.Communicator(0, world, C.ShmTransport(0, world, 4096, 4, 5.0, 0), C.CpuReducer(),
+                              4096, one_shot_max_bytes=100, two_shot_max_bytes=1000)
+
+    sizes = (0, 100, 101, 1000, 1001)
+    comm = communicator(3)
+    picks = {b: comm.resolve_algorithm(A.auto, P.all_reduce, b) for b in sizes}
     assert picks == {0: A.one_shot, 100: A.one_shot, 101: A.two_shot, 1000: A.two_shot,
                      1001: A.ring}
     for primitive in (P.reduce_scatter, P.all_gather):
         assert comm.resolve_algorithm(A.auto, primitive, 1000) == A.one_shot
         assert comm.resolve_algorithm(A.auto, primitive, 1001) == A.ring
     assert comm.resolve_algorithm(A.auto, P.broadcast, 8) == A.ring
+    # 2 ranks: the ring takes as few hops as two_shot and the one-hop halves; one_shot still
+    # saves one.
+    pair = communicator(2)
+    picks = {b: pair.resolve_algorithm(A.auto, P.all_reduce, b) for b in sizes}
+    assert picks == {0: A.one_shot, 100: A.one_shot, 101: A.ring, 1000: A.ring, 1001: A.ring}
+    for primitive in (P.reduce_scatter, P.all_gather):
+        assert pair.resolve_algorithm(A.auto, primitive, 8) == A.ring
