@@ -7,9 +7,9 @@ to the backends; nothing reads the environment at import time.
 | field | environment | default |
 |---|---|---|
 | timeout | - | ``torch.distributed.default_pg_timeout`` |
-| algorithm | RINGCOMM_ALGORITHM | ``"ring"``; or ``"one_shot"``, ``"two_shot"``, ``"auto"`` (ALGORITHMS) |
-| one_shot_max_bytes | RINGCOMM_ONE_SHOT_MAX_BYTES | 32 KiB: ``auto`` all_reduce runs one_shot up to here |
-| two_shot_max_bytes | RINGCOMM_TWO_SHOT_MAX_BYTES | 512 KiB: ``auto`` all_reduce runs two_shot up to here, reduce_scatter and all_gather one_shot |
+| algorithm | RINGCOMM_ALGORITHM | ``"auto"`` (by size); or ``"ring"``, ``"one_shot"``, ``"two_shot"`` (ALGORITHMS) |
+| one_shot_max_bytes | RINGCOMM_ONE_SHOT_MAX_BYTES | 8 KiB: ``auto`` all_reduce runs one_shot up to here |
+| two_shot_max_bytes | RINGCOMM_TWO_SHOT_MAX_BYTES | 0 (never): ``auto`` all_reduce runs two_shot up to here, reduce_scatter and all_gather one_shot |
 | publish_bytes | RINGCOMM_SHM_PUBLISH_BYTES | 256 KiB: CPU publication size per rank and round (one-hop algorithms) |
 | slice_bytes | - | the CPU transport's slot size; ``cuda_slice_bytes`` on CUDA |
 | cuda_slice_bytes | RINGCOMM_CUDA_SLICE_BYTES | 4 MiB |
@@ -117,8 +117,8 @@ class CommOptions:
             values[field] = value
         crowded = world_size > (os.cpu_count() or 1)  # the host's cores: every rank agrees
         defaults = {
-            "algorithm": "ring",
-            # Provisional crossovers, from the C++ (docs/design.md, "Publications and ...").
+            "algorithm": "auto",
+            # Measured crossovers, from the C++ (algorithms.h; docs/design.md).
             **_C.DEFAULT_THRESHOLDS,
             "publish_bytes": 256 * 1024,
             "cuda_slice_bytes": 4 << 20,

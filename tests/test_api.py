@@ -46,7 +46,7 @@ def test_options_resolve_explicit_then_environment_then_default(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     defaults = ringcomm.CommOptions(timeout=5).resolved(world_size=1)
     assert (defaults.slot_count, defaults.slot_bytes, defaults.debug) == (16, 64 << 10, False)
-    assert defaults.algorithm == "ring" and defaults.timeout == 5.0
+    assert defaults.algorithm == "auto" and defaults.timeout == 5.0
     crowded = ringcomm.CommOptions(timeout=5).resolved(world_size=os.cpu_count() + 1)
     assert (crowded.slot_count, crowded.slot_bytes, crowded.spins) == (8, 32 << 10, 0)
     monkeypatch.setenv("RINGCOMM_SHM_SLOTS", "4")

@@ -10,12 +10,15 @@
 
 namespace ringcomm {
 
-// Provisional defaults, also CommOptions' (one_shot_max_bytes / two_shot_max_bytes override
-// them); docs/design.md says what they rest on.
+// Defaults, also CommOptions' (one_shot_max_bytes / two_shot_max_bytes override them), from
+// bench/tune.py on the 2-core development machine (docs/design.md): one_shot beat the ring up
+// to 8 KiB at 4 ranks (0.7x at 8 B) and tied it at 2; two_shot and the one-hop halves never
+// beat it beyond the noise there, so auto leaves them off (0) until a machine with a core per
+// rank measures otherwise.
 struct AlgorithmThresholds {
-  size_t oneShotMaxBytes = 32 * 1024;   // all_reduce: one_shot up to here
-  size_t twoShotMaxBytes = 512 * 1024;  // all_reduce: two_shot up to here; reduce_scatter and
-                                        // all_gather (two_shot's halves): one_shot
+  size_t oneShotMaxBytes = 8 * 1024;  // all_reduce: one_shot up to here
+  size_t twoShotMaxBytes = 0;         // all_reduce: two_shot up to here; reduce_scatter and
+                                      // all_gather (two_shot's halves): one_shot
 };
 
 // `bytes`: the whole tensor of an all_reduce, the input of a reduce_scatter, the output of an
