@@ -8,13 +8,14 @@ from . import _C, checks, cpu_backend, cuda_backend, work
 from .buffers import as_buffer, as_c_dtype, cpu_array
 from .options import CommOptions, algorithm_for
 from .ops import to_c_op
+from .point_to_point import PointToPoint
 from .rendezvous import Rendezvous
 
 _P = _C.Primitive
 _RING = _C.Algorithm.ring
 
 
-class Communicator:
+class Communicator(PointToPoint):
     """One rank's handle on ringcomm rings over a torch.distributed group.
 
     Call it on every rank after ``torch.distributed.init_process_group(...)``; rank, world size
@@ -367,119 +368,8 @@ class Communicator:
             return future.wait()
         return work.Work(future)
 
-    # -- point to point and all-to-all (CPU: shared memory; CUDA: the ring's NCCL communicator) -
-
-    def send(self, tensor, dst, tag=0):
-        """Sends ``tensor`` to rank ``dst``; returns once it is handed over (it may not have been
-        received yet). Messages between two ranks are matched in order: the receiving rank's
-        :meth:`recv` must name this rank, the same tag and the same element count and dtype, or it
-        raises MismatchError.
-
-        On CUDA tensors the call is ordered on the current stream and returns without waiting;
-        as with NCCL, a send completes only together with its matching recv (two ranks that both
-        send first may wait for each other until the timeout), and tags and counts are not
-        checked (NCCL messages carry no header; ``debug=True`` does not cover them either).
-        The first CUDA call of a communicator, a send included, sets up its NCCL communicator
-        with every rank: all ranks must make a CUDA call.
-
-        Example::
-
-            if comm.rank == 0:
-                comm.send(torch.arange(4.0), dst=1, tag=7)
-            elif comm.rank == 1:
-                comm.recv(buf, src=0, tag=7)
-        """
-        buf = as_buffer(tensor, "tensor")
-        self._peer(dst, "dst")
-        if buf.device == "cuda":
-            self._call(buf, "send", (buf.address, buf.numel, buf.c_dtype, dst, int(tag)), {})
-            return tensor
-        comm, links = self._peer_links()
-        links.to(dst)
-        comm.send(buf.address, buf.numel, buf.c_dtype, dst, int(tag))
-        return tensor
-
-    def recv(self, tensor, src, tag=0):
-        """Receives into ``tensor`` the next message rank ``src`` sent this rank (see :meth:`send`)."""
-        buf = checks.writable(tensor, "tensor")
-        self._peer(src, "src")
-        if buf.device == "cuda":
-            self._call(buf, "recv", (buf.address, buf.numel, buf.c_dtype, src, int(tag)), {})
-            return tensor
-        comm, links = self._peer_links()
-        links.from_(src)
-        comm.recv(buf.address, buf.numel, buf.c_dtype, src, int(tag))
-        return tensor
-
-    def all_to_all(self, output, input, output_split_sizes=None, input_split_sizes=None):
-        """Rank r sends block p of ``input`` to rank p and receives block r of every rank's input
-        into ``output``, blocks in rank order (``torch.distributed.all_to_all_single``). Split sizes
-        count rows along dim 0; None splits evenly. What rank p sends rank r must match what rank r
-        expects from p, or every rank raises MismatchError.
-
-        Example::
-
-            out = torch.empty(4 * comm.world_size)
-            comm.all_to_all(out, torch.arange(4.0 * comm.world_size) + 100 * comm.rank)
-        """
-        out, inp = checks.writable(output, "output"), as_buffer(input, "input")
-        checks.same_kind(out, inp)
-        if out.overlaps(inp):
-            raise ValueError("all_to_all: input and output must not overlap")
-        send_counts = _split_counts(inp, input_split_sizes, self.world_size, "input")
-        recv_counts = _split_counts(out, output_split_sizes, self.world_size, "output")
-        if out.device == "cuda":  # every step one NCCL group, ordered on the current stream
-            self._call(out, "all_to_all", (out.address, inp.address, send_counts, recv_counts,
-                                           out.c_dtype), {})
-            return output
-        comm, links = self._peer_links() if self.world_size > 1 else (self._backend("cpu", -1), None)
-        if links is not None:
-            for peer in range(self.world_size):
-                if peer != self.rank:
-                    links.to(peer)
-            for peer in range(self.world_size):
-                if peer != self.rank:
-                    links.from_(peer)
-        comm.all_to_all(out.address, inp.address, send_counts, recv_counts, out.c_dtype)
-        return output
-
-    def _peer_links(self):
-        """The CPU ring's communicator, with its point-to-point links set up on first use."""
-        with self._lock:
-            comm = self._backend("cpu", -1)
-            links = self._links
-            if links is None:
-                from .peer_links import PeerLinks
-
-                links = self._links = PeerLinks(self._rendezvous, comm, self.options)
-            return comm, links
-
-    def _peer(self, peer, name):
-        checks.root(peer, name, self.world_size)
-        if peer == self.rank:
-            raise ValueError(f"{name}={peer} is this rank: a rank cannot send to or receive from "
-                             "itself")
-
-
 class _CpuOnly:
     device, device_index = "cpu", -1
 
 
 _CPU_BUFFER = _CpuOnly()  # routes the checks' small all_gather to the CPU ring
-
-
-def _split_counts(buf, splits, world_size, what):
-    """Element counts per rank from split sizes along dim 0 (None: equal splits)."""
-    shape = tuple(getattr(buf.source, "shape", (buf.numel,))) or (1,)
-    rows = shape[0]
-    row = buf.numel // rows if rows else 0
-    if splits is None or len(splits) == 0:
-        if rows % world_size:
-            raise ValueError(f"{what} has {rows} rows along dim 0, not divisible by world_size "
-                             f"{world_size}: give split sizes")
-        return [rows // world_size * row] * world_size
-    splits = [int(s) for s in splits]
-    if len(splits) != world_size or any(s < 0 for s in splits) or sum(splits) != rows:
-        raise ValueError(f"{what} split sizes {splits} must be {world_size} non-negative numbers "
-                         f"summing to its {rows} rows along dim 0")
-    return [s * row for s in splits]
