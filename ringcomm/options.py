@@ -16,7 +16,7 @@ to the backends; nothing reads the environment at import time.
 | slot_bytes | RINGCOMM_SHM_SLOT_BYTES | 64 KiB, 32 KiB when ranks outnumber the host's cores |
 | slot_count | RINGCOMM_SHM_SLOTS | 16, 8 when ranks outnumber the host's cores |
 | spins | RINGCOMM_SPINS | 200 busy polls when every rank can have a core, else 0 |
-| yield_us | RINGCOMM_YIELD_US | 2000 us of yielding before a waiter sleeps on a futex when every rank can have a core, else 0 |
+| yield_us | RINGCOMM_YIELD_US | 2000 us of yielding before a waiter sleeps on a futex |
 | debug | RINGCOMM_DEBUG (1 or DETAIL) | off |
 | check_finite | RINGCOMM_CHECK_FINITE (1) | off |
 
@@ -116,7 +116,6 @@ class CommOptions:
                 value = parse(os.environ[name])
             values[field] = value
         crowded = world_size > (os.cpu_count() or 1)  # the host's cores: every rank agrees
-        alone = world_size <= len(os.sched_getaffinity(0))  # a core per rank for this process
         defaults = {
             "algorithm": "auto",
             # Measured crossovers, from the C++ (algorithms.h; docs/design.md).
@@ -125,11 +124,9 @@ class CommOptions:
             "cuda_slice_bytes": 4 << 20,
             "slot_bytes": (32 if crowded else 64) * 1024,
             "slot_count": 8 if crowded else 16,
-            # Spinning and yielding pay only when every rank can have a core to itself (this
-            # process's): then a sleep costs a wake of an idle core (30 us here); else a waiter
-            # sleeps at once, so the ranks with work to do get the cores (docs/design.md).
-            "spins": 200 if alone else 0,
-            "yield_us": 2000 if alone else 0,
+            # Spinning pays only when every rank can have a core to itself (this process's).
+            "spins": 200 if world_size <= len(os.sched_getaffinity(0)) else 0,
+            "yield_us": 2000,
             "debug": False,
             "check_finite": False,
         }

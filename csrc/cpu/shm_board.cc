@@ -58,36 +58,22 @@ PublicationHeader* ShmBoard::header(int phase, uint32_t round) const {
 
 void* ShmBoard::area(int phase, uint32_t round) const { return header(phase, round) + 1; }
 
-void ShmBoard::publish(int phase, uint32_t round, const Envelope& envelope, ShmBoard& tally,
-                       int worldSize) {
+void ShmBoard::publish(int phase, uint32_t round, const Envelope& envelope) {
   header(phase, round)->envelope = envelope;
   control_->published[phase].store(round, std::memory_order_seq_cst);
-  tally.countArrival(phase, worldSize);
-}
-
-// Every rank publishes each phase it uses once per round, and no rank publishes a phase of the
-// next round before every rank published this one (it reads them all first), so the count
-// reaches a multiple of the world size exactly at each round's last publication.
-void ShmBoard::countArrival(int phase, int worldSize) {
-  const uint64_t arrived = control_->arrivals[phase].fetch_add(1, std::memory_order_seq_cst) + 1;
-  if (arrived % static_cast<uint64_t>(worldSize) != 0) return;
-  control_->completedRounds[phase].fetch_add(1, std::memory_order_seq_cst);
-  wakeSleepers(control_->completedRounds[phase], control_->sleepers[phase], /*moveWord=*/false);
+  wakeSleepers(control_->published[phase], control_->sleepers[phase], /*moveWord=*/false);
 }
 
 const void* ShmBoard::read(int phase, uint32_t round, const Envelope& expected,
-                           const WaitPolicy& policy, const ShmBoard& tally,
-                           const std::function<void()>& watch) const {
+                           const WaitPolicy& policy, const std::function<void()>& watch) const {
   throwIfAborted();
   std::atomic<uint32_t>& published = control_->published[phase];
   auto ready = [&] { return reached(published.load(std::memory_order_acquire), round); };
   if (!ready()) {
     const std::string what = detail::concat("publish phase ", phase, " of ",
                                             describeCollective(expected));
-    // Asleep until the round completes: whoever completes it published after this board did.
-    waitUntil(ready, tally.control_->completedRounds[phase], tally.control_->sleepers[phase],
-              policy, WaitTarget{owner(), nullptr, what.c_str()}, [this] { throwIfAborted(); },
-              watch);
+    waitUntil(ready, published, control_->sleepers[phase], policy,
+              WaitTarget{owner(), nullptr, what.c_str()}, [this] { throwIfAborted(); }, watch);
   }
   const PublicationHeader* got = header(phase, round);
   if (got->envelope == expected) return got + 1;
@@ -107,7 +93,7 @@ void ShmBoard::abort(const std::string& why) {
     std::strncpy(control_->abortReason, why.c_str(), sizeof(control_->abortReason) - 1);
     control_->aborted.store(1, std::memory_order_seq_cst);
   }
-  for (auto& word : control_->completedRounds) futexWakeAll(word);
+  for (auto& word : control_->published) futexWakeAll(word);
 }
 
 }  // namespace ringcomm

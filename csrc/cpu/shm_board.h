@@ -1,13 +1,7 @@
 // A rank's publication board in POSIX shared memory (Transport's publications, transport.h):
 // per phase (0, 1) and round parity one area of publishBytes behind a header that holds the
-// publication's Envelope, and per phase a count of the rounds published. The owner writes; every
-// rank maps the board and reads the areas in place.
-//
-// Every one-hop read needs every rank's publication of its phase in the round, so a reader that
-// must sleep sleeps until the round is complete, not until the one rank it looks at publishes:
-// one wake per round, from its last publisher, instead of up to one per rank (with more ranks
-// than cores each needless wake takes a core a rank still to publish needs). The count of the
-// rounds completed lives on one board every rank maps, the tally (rank 0's).
+// publication's Envelope, and per phase a count of the rounds published, which is the futex word
+// readers wait on. The owner writes; every rank maps the board and reads the areas in place.
 #pragma once
 
 #include <sys/types.h>
@@ -30,11 +24,7 @@ struct alignas(64) BoardControl {
   int32_t ownerRank;
   int32_t ownerPid;
   alignas(64) std::atomic<uint32_t> published[2];  // rounds published, per phase
-  // On the tally only, per phase: publications by every rank so far, rounds completed (moved by
-  // each round's last publisher; the futex word readers sleep on) and the readers asleep on it.
-  alignas(64) std::atomic<uint64_t> arrivals[2];
-  std::atomic<uint32_t> completedRounds[2];
-  std::atomic<uint32_t> sleepers[2];
+  std::atomic<uint32_t> sleepers[2];               // readers asleep on published[phase]
   alignas(64) std::atomic<uint32_t> aborted;
   char abortReason[512];
 };
@@ -55,23 +45,18 @@ class ShmBoard {
   bool valid() const { return control_ != nullptr; }
   Peer owner() const { return Peer{control_->ownerRank, control_->ownerPid}; }
 
-  // Owner: where round `round`'s publication of `phase` goes, then publishing it and counting
-  // it on `tally` among the `worldSize` publications of the round.
+  // Owner: where round `round`'s publication of `phase` goes, then publishing it.
   void* area(int phase, uint32_t round) const;
-  void publish(int phase, uint32_t round, const Envelope& envelope, ShmBoard& tally,
-               int worldSize);
+  void publish(int phase, uint32_t round, const Envelope& envelope);
   // Any rank: the owner's publication of `phase` in `round`, once published (waits with
-  // `policy`, asleep on `tally`'s count of completed rounds; `watch` may raise while the wait is
-  // slow), checked against `expected`.
+  // `policy`; `watch` may raise while the wait is slow), checked against `expected`.
   const void* read(int phase, uint32_t round, const Envelope& expected, const WaitPolicy& policy,
-                   const ShmBoard& tally, const std::function<void()>& watch) const;
+                   const std::function<void()>& watch) const;
 
   void abort(const std::string& why);
 
  private:
   PublicationHeader* header(int phase, uint32_t round) const;
-  // On the tally: one more publication of `phase`; the round's last wakes the sleepers.
-  void countArrival(int phase, int worldSize);
   void throwIfAborted() const;
 
   ShmSegment segment_;

@@ -122,7 +122,7 @@ void* ShmTransport::acquirePublish(int phase, size_t bytes) {
 
 void ShmTransport::commitPublish(int phase, const Envelope& envelope) {
   checkPhase(phase);
-  boards_[rank_].publish(phase, round_, envelope, boards_[0], worldSize_);
+  boards_[rank_].publish(phase, round_, envelope);
 }
 
 const void* ShmTransport::acquirePublished(int peer, int phase, const Envelope& expected) {
@@ -139,7 +139,7 @@ const void* ShmTransport::acquirePublished(int peer, int phase, const Envelope& 
                   describeEnvelope(stray->envelope), " but this rank is running ",
                   describeEnvelope(expected));
   };
-  return boards_[peer].read(phase, round_, expected, options_.wait, boards_[0], watch);
+  return boards_[peer].read(phase, round_, expected, options_.wait, watch);
 }
 
 }  // namespace ringcomm
