@@ -55,14 +55,14 @@ py::dict planToDict(const Plan& plan) {
   return result;
 }
 
-ShmOptions shmOptions(size_t slotBytes, uint32_t slotCount, double timeout, int spins,
+ShmOptions shmOptions(size_t slotBytes, uint32_t slotCount, double timeout, int spinMicros,
                       int yieldMicros, size_t publishBytes = 0) {
   ShmOptions options;
   options.slotBytes = slotBytes;
   options.slotCount = slotCount;
   if (publishBytes > 0) options.publishBytes = publishBytes;
   options.wait.timeoutSeconds = timeout;
-  options.wait.spins = spins;
+  options.wait.spinMicros = spinMicros;
   options.wait.yieldMicros = yieldMicros;
   return options;
 }
@@ -165,13 +165,13 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<ShmTransport, Transport, std::shared_ptr<ShmTransport>>(m, "ShmTransport")
       .def(py::init([](int rank, int worldSize, size_t slotBytes, uint32_t slotCount,
-                       double timeout, int spins, int yieldMicros, size_t publishBytes) {
+                       double timeout, int spinMicros, int yieldMicros, size_t publishBytes) {
              return std::make_shared<ShmTransport>(
                  rank, worldSize,
-                 shmOptions(slotBytes, slotCount, timeout, spins, yieldMicros, publishBytes));
+                 shmOptions(slotBytes, slotCount, timeout, spinMicros, yieldMicros, publishBytes));
            }),
            py::arg("rank"), py::arg("world_size"), py::arg("slot_bytes"), py::arg("slot_count"),
-           py::arg("timeout"), py::arg("spins"), py::arg("yield_micros") = 2000,
+           py::arg("timeout"), py::arg("spin_us"), py::arg("yield_us") = 2000,
            py::arg("publish_bytes") = 0)
       .def_property_readonly("channel_name", &ShmTransport::channelName)
       .def("connect", &ShmTransport::connect, py::arg("names"),
@@ -180,12 +180,12 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<ShmPeerLinks, Transport, std::shared_ptr<ShmPeerLinks>>(m, "ShmPeerLinks")
       .def(py::init([](int rank, int worldSize, size_t slotBytes, uint32_t slotCount,
-                       double timeout, int spins, int yieldMicros) {
+                       double timeout, int spinMicros, int yieldMicros) {
              return std::make_shared<ShmPeerLinks>(
-                 rank, worldSize, shmOptions(slotBytes, slotCount, timeout, spins, yieldMicros));
+                 rank, worldSize, shmOptions(slotBytes, slotCount, timeout, spinMicros, yieldMicros));
            }),
            py::arg("rank"), py::arg("world_size"), py::arg("slot_bytes"), py::arg("slot_count"),
-           py::arg("timeout"), py::arg("spins"), py::arg("yield_micros") = 2000)
+           py::arg("timeout"), py::arg("spin_us"), py::arg("yield_us") = 2000)
       .def("create_outgoing", &ShmPeerLinks::createOutgoing, py::arg("peer"))
       .def("attach_incoming", &ShmPeerLinks::attachIncoming, py::arg("peer"), py::arg("name"))
       .def("unlink_incoming", &ShmPeerLinks::unlinkIncoming, py::arg("peer"))

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cpu/cpu_reducer.h"
+#include "cpu/shm_wait.h"
 #include "cuda/group_queue.h"
 #include "ringcomm/communicator.h"
 #include "ringcomm/error.h"
@@ -188,6 +189,16 @@ void bindTesting(py::module_& m) {
       py::arg("dtype"), py::arg("op"), py::arg("divisor") = 1, py::arg("finalize") = false,
       py::arg("wire_dtype") = py::none(), py::call_guard<py::gil_scoped_release>());
 
+  // The process's yield gate (shm_wait.h), driven with made-up yield durations.
+  testing.def(
+      "note_yield",
+      [](double micros) {
+        noteYield(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+            std::chrono::duration<double, std::micro>(micros)));
+      },
+      py::arg("micros"));
+  testing.def("yields_are_slow", &yieldsAreSlow);
+  testing.def("reset_yield_gate", &resetYieldGate);
 }
 
 }  // namespace ringcomm

@@ -7,7 +7,7 @@ def create(rendezvous, options):
     the group calls this together."""
     rank, size = rendezvous.rank, rendezvous.world_size
     transport = _C.ShmTransport(rank, size, options.slot_bytes, options.slot_count,
-                                options.timeout, options.spins, options.yield_us,
+                                options.timeout, options.spin_us, options.yield_us,
                                 options.publish_bytes)
     if size > 1:
         rendezvous.publish("shm", transport.channel_name)

@@ -15,8 +15,8 @@ to the backends; nothing reads the environment at import time.
 | cuda_slice_bytes | RINGCOMM_CUDA_SLICE_BYTES | 4 MiB |
 | slot_bytes | RINGCOMM_SHM_SLOT_BYTES | 64 KiB, 32 KiB when ranks outnumber the host's cores |
 | slot_count | RINGCOMM_SHM_SLOTS | 16, 8 when ranks outnumber the host's cores |
-| spins | RINGCOMM_SPINS | 200 busy polls when every rank can have a core, else 0 |
-| yield_us | RINGCOMM_YIELD_US | 2000 us of yielding before a waiter sleeps on a futex |
+| spin_us | RINGCOMM_SPIN_US | 50 us of polling when every rank can have a core, else 0 |
+| yield_us | RINGCOMM_YIELD_US | 2000 us of yielding next, then a waiter sleeps on a futex (no yields for 1 s after one that lost the core for a scheduler slice) |
 | debug | RINGCOMM_DEBUG (1 or DETAIL) | off |
 | check_finite | RINGCOMM_CHECK_FINITE (1) | off |
 
@@ -70,7 +70,7 @@ _ENVIRONMENT = {
     "cuda_slice_bytes": ("RINGCOMM_CUDA_SLICE_BYTES", _size),
     "slot_bytes": ("RINGCOMM_SHM_SLOT_BYTES", _size),
     "slot_count": ("RINGCOMM_SHM_SLOTS", _size),
-    "spins": ("RINGCOMM_SPINS", int),
+    "spin_us": ("RINGCOMM_SPIN_US", int),
     "yield_us": ("RINGCOMM_YIELD_US", int),
     "debug": ("RINGCOMM_DEBUG", _flag("1", "DETAIL")),
     "check_finite": ("RINGCOMM_CHECK_FINITE", _flag("1")),
@@ -98,7 +98,7 @@ class CommOptions:
     cuda_slice_bytes: int = None
     slot_bytes: int = None  # CPU: bytes of one shared-memory slot (the largest message)
     slot_count: int = None  # CPU: slots per ring link
-    spins: int = None  # CPU: busy polls before a waiting rank yields
+    spin_us: int = None  # CPU: microseconds a waiting rank polls before it yields
     yield_us: int = None  # CPU: microseconds of yielding before a waiting rank sleeps
     debug: bool = None  # exchange a descriptor of every collective first
     check_finite: bool = None  # look for NaN/Inf in every input first
@@ -124,8 +124,9 @@ class CommOptions:
             "cuda_slice_bytes": 4 << 20,
             "slot_bytes": (32 if crowded else 64) * 1024,
             "slot_count": 8 if crowded else 16,
-            # Spinning pays only when every rank can have a core to itself (this process's).
-            "spins": 200 if world_size <= len(os.sched_getaffinity(0)) else 0,
+            # Spinning pays only when every rank can have a core to itself (this process's): then
+            # it saves waking an idle core (30 us here); else it holds a core a peer needs.
+            "spin_us": 50 if world_size <= len(os.sched_getaffinity(0)) else 0,
             "yield_us": 2000,
             "debug": False,
             "check_finite": False,

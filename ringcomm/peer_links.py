@@ -15,7 +15,7 @@ class PeerLinks:
         `options`: the communicator's resolved CommOptions (slots and waits as the ring's)."""
         self._rendezvous = rendezvous
         self._links = _C.ShmPeerLinks(rendezvous.rank, rendezvous.world_size, options.slot_bytes,
-                                      options.slot_count, options.timeout, options.spins,
+                                      options.slot_count, options.timeout, options.spin_us,
                                       options.yield_us)
         comm.set_peer_links(self._links)
         # Separate locks: a receiver waiting for a peer's name must not stop this rank's sender

@@ -48,14 +48,14 @@ def test_options_resolve_explicit_then_environment_then_default(monkeypatch):
     assert (defaults.slot_count, defaults.slot_bytes, defaults.debug) == (16, 64 << 10, False)
     assert defaults.algorithm == "auto" and defaults.timeout == 5.0
     crowded = ringcomm.CommOptions(timeout=5).resolved(world_size=os.cpu_count() + 1)
-    assert (crowded.slot_count, crowded.slot_bytes, crowded.spins) == (8, 32 << 10, 0)
+    assert (crowded.slot_count, crowded.slot_bytes, crowded.spin_us) == (8, 32 << 10, 0)
     monkeypatch.setenv("RINGCOMM_SHM_SLOTS", "4")
     monkeypatch.setenv("RINGCOMM_DEBUG", "detail")
     from_env = ringcomm.CommOptions(timeout=5).resolved(world_size=1)
     assert from_env.slot_count == 4 and from_env.debug is True
     explicit = ringcomm.CommOptions(timeout=5, slot_count=2, debug=False).resolved(world_size=1)
     assert explicit.slot_count == 2 and explicit.debug is False
-    assert ringcomm.CommOptions(slot_count=2).replace(slot_count=None, spins=3).slot_count == 2
+    assert ringcomm.CommOptions(slot_count=2).replace(slot_count=None, spin_us=3).slot_count == 2
     monkeypatch.setenv("RINGCOMM_ALGORITHM", "tree")
     with pytest.raises(ValueError, match="unknown algorithm 'tree'"):
         ringcomm.CommOptions(timeout=5).resolved(world_size=1)

@@ -82,6 +82,29 @@ def killed_mid_collective(rank, n):
     return noticed - killed_at, str(error.value)
 
 
+def test_waiters_stop_yielding_when_yields_lose_the_core():
+    """Beside busy processes a sched_yield hands the core away for a scheduler slice: 4 slow
+    yields (> 500 us) in a window of 16 turn yielding off for a second; fewer, or a window of
+    fast ones in between, do not."""
+    T = ringcomm._C.testing
+    try:
+        T.reset_yield_gate()
+        for _ in range(3):
+            T.note_yield(5000)
+        for _ in range(13):  # completes the window: the 3 slow ones are forgotten
+            T.note_yield(20)
+        T.note_yield(5000)
+        assert not T.yields_are_slow()
+        for _ in range(2):
+            T.note_yield(5000)
+        assert not T.yields_are_slow()  # 3 slow in this window
+        T.note_yield(600)
+        assert T.yields_are_slow()
+    finally:
+        T.reset_yield_gate()
+    assert not T.yields_are_slow()
+
+
 def test_survivors_of_a_killed_rank_raise_promptly_and_refuse_further_use():
     n = 3
     results = launch(n, killed_mid_collective, timeout=120, allow_exit={n - 1})

@@ -1,7 +1,11 @@
-// How a rank waits on a word in shared memory that another process moves: spin (the peer runs on
-// another core), then yield (the peer may need this core: with more ranks than cores that is the
-// common case), then sleep on the futex in short slices, checking the deadline, an abort flag and
-// whether the awaited process still exists. Used by ring channels and publication boards alike.
+// How a rank waits on a word in shared memory that another process moves: spin for a few tens of
+// microseconds (the peer runs on another core and answers within them), then yield (the peer may
+// need this core: with more ranks than cores that is the common case), then sleep on the futex in
+// short slices, checking the deadline, an abort flag and whether the awaited process still
+// exists. A yield that hands the core to another process for a scheduler slice (a busy machine:
+// milliseconds) turns yielding off for this process for a while: then waiters sleep at once,
+// which lets the kernel run them as soon as they are woken (docs/design.md). Used by ring
+// channels and publication boards alike.
 #pragma once
 
 #include <sched.h>
@@ -31,8 +35,8 @@ struct Peer {
 
 struct WaitPolicy {
   double timeoutSeconds = 1800;
-  int spins = 200;          // busy polls first
-  int yieldMicros = 2000;   // then sched_yield polls for this long
+  int spinMicros = 50;      // busy polls first, for this long
+  int yieldMicros = 2000;   // then sched_yield polls for this long, unless yields are slow here
   int sleepMillis = 20;     // then futex slices
 };
 
@@ -49,6 +53,13 @@ void futexWakeAll(std::atomic<uint32_t>& word);
 // Raises PeerError if the awaited or a watched process has died.
 void checkAlive(const WaitTarget& target);
 [[noreturn]] void throwWaitTimeout(const WaitPolicy& policy, const WaitTarget& target);
+
+// Whether sched_yield lately lost this process its core for scheduler slices (another process
+// ran out its slice) often enough that waiters should sleep instead; noteYield says how long one
+// took.
+bool yieldsAreSlow();
+void noteYield(std::chrono::steady_clock::duration took);
+void resetYieldGate();  // yielding on, an empty window (for tests)
 
 // After making a waiter's condition true (a sequentially consistent store): wakes the waiters
 // that announced a sleep on `word`, moving `word` first when it is not the store's own word.
@@ -67,18 +78,24 @@ template <typename Ready, typename CheckAbort, typename Watch>
 void waitUntil(Ready ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleepers,
                const WaitPolicy& policy, const WaitTarget& target, CheckAbort checkAbort,
                Watch watch) {
-  for (int i = 0; i < policy.spins; ++i) {
-    if (ready()) return;
-    RC_CPU_RELAX();
-  }
+  if (ready()) return;
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
-  const auto stopYielding = start + std::chrono::microseconds(policy.yieldMicros);
+  const auto stopSpinning = start + std::chrono::microseconds(policy.spinMicros);
   const auto deadline = start + std::chrono::duration<double>(policy.timeoutSeconds);
-  for (int round = 0; !ready(); ++round) {
+  for (int i = 0; policy.spinMicros > 0; ++i) {
+    if (ready()) return;
+    RC_CPU_RELAX();
+    if ((i & 63) == 63 && Clock::now() > stopSpinning) break;  // a clock read per ~2 us
+  }
+  const auto stopYielding = Clock::now() + std::chrono::microseconds(policy.yieldMicros);
+  for (int round = 0; policy.yieldMicros > 0 && !ready() && !yieldsAreSlow(); ++round) {
     if ((round & 63) == 0) checkAbort();
+    const auto before = Clock::now();
     sched_yield();
-    if ((round & 15) == 15 && Clock::now() > stopYielding) break;
+    const auto after = Clock::now();
+    noteYield(after - before);
+    if (after > stopYielding) break;
   }
   for (int round = 0;; ++round) {
     // Read the word, then announce the sleep, then look once more. Whoever makes us ready does
