@@ -4,6 +4,7 @@
 #include "ringcomm/executor.h"
 
 #include <algorithm>
+#include <array>
 
 #include "ringcomm/error.h"
 
@@ -49,6 +50,15 @@ void Executor::run(const Collective& c) {
   envelope.sequence = c.sequence;
 
   const size_t columns = columnCount(c.plan, sliceElems);
+  // Per publication phase, the plan's first step that reads it: each round declares the
+  // phase's publication sizes there.
+  std::array<const Step*, 2> firstRead{nullptr, nullptr};
+  for (const Step& s : c.plan.steps)
+    if (oneHop && s.readFrom >= 0) {
+      RC_CHECK(s.readPhase == 0 || s.readPhase == 1, "publication phase ", s.readPhase,
+               " is not 0 or 1");
+      if (firstRead[s.readPhase] == nullptr) firstRead[s.readPhase] = &s;
+    }
   auto runColumn = [&](size_t i, size_t column) {
     const Step& step = c.plan.steps[i];
     Range slice = sliceOf(step.range, column, sliceElems);
@@ -56,7 +66,8 @@ void Executor::run(const Collective& c) {
     envelope.offset = slice.offset;
     try {
       if (oneHop)
-        runOneHopStep(c, step, column, sliceElems, envelope);
+        runOneHopStep(c, step, column, sliceElems, envelope,
+                      step.readFrom >= 0 && firstRead[step.readPhase] == &step);
       else
         runStep(c, step, slice, envelope);
     } catch (const Error& e) {
@@ -95,26 +106,18 @@ Envelope Executor::publication(const Collective& c, const Envelope& header, int 
   return envelope;
 }
 
-void Executor::declarePublications(const Collective& c, const Step& step, size_t column,
+void Executor::declarePublications(const Collective& c, int phase, size_t column,
                                    size_t sliceElems, const Envelope& header) {
-  auto readsPhase = [&](const Step& s) { return s.readFrom >= 0 && s.readPhase == step.readPhase; };
-  const Step* first = nullptr;
-  for (const Step& s : c.plan.steps)
-    if (readsPhase(s)) {
-      first = &s;
-      break;
-    }
-  if (first != &step) return;
   std::vector<size_t> bytes(c.plan.request.worldSize, 0);
   std::vector<Range> pieces;
   for (const Step& s : c.plan.steps)
-    if (readsPhase(s))
+    if (s.readFrom >= 0 && s.readPhase == phase)
       bytes[s.readFrom] = publication(c, header, s.publishedChunk, column, sliceElems, pieces).bytes;
-  transport_.expectPublished(step.readPhase, bytes);
+  transport_.expectPublished(phase, bytes);
 }
 
 void Executor::runOneHopStep(const Collective& c, const Step& step, size_t column,
-                             size_t sliceElems, const Envelope& header) {
+                             size_t sliceElems, const Envelope& header, bool firstReadOfPhase) {
   const size_t elemSize = dataTypeSize(c.spec.type), wireSize = dataTypeSize(c.spec.wireType);
   const bool sameType = c.spec.type == c.spec.wireType;
   std::vector<Range> pieces;
@@ -136,7 +139,7 @@ void Executor::runOneHopStep(const Collective& c, const Step& step, size_t colum
   }
 
   const Range slice = sliceOf(step.range, column, sliceElems);
-  declarePublications(c, step, column, sliceElems, header);
+  if (firstReadOfPhase) declarePublications(c, step.readPhase, column, sliceElems, header);
   const Envelope expected =
       publication(c, header, step.publishedChunk, column, sliceElems, pieces);
   size_t before = 0;  // elements of the publication packed ahead of this step's chunk

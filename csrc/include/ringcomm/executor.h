@@ -36,13 +36,14 @@ class Executor {
  private:
   void runStep(const Collective& c, const Step& step, const Range& slice,
                const Envelope& envelope);
-  // A step of a one-hop plan in publication round `column` (schedule.h).
+  // A step of a one-hop plan in publication round `column` (schedule.h); `firstReadOfPhase`:
+  // no earlier step of the plan reads the phase this one reads.
   void runOneHopStep(const Collective& c, const Step& step, size_t column, size_t sliceElems,
-                     const Envelope& header);
-  // At the first read of a phase in a round: every rank's publication size of that phase, for
+                     const Envelope& header, bool firstReadOfPhase);
+  // At the first read of `phase` in a round: every rank's publication size of that phase, for
   // the transport (Transport::expectPublished).
-  void declarePublications(const Collective& c, const Step& step, size_t column,
-                           size_t sliceElems, const Envelope& header);
+  void declarePublications(const Collective& c, int phase, size_t column, size_t sliceElems,
+                           const Envelope& header);
   // The envelope of a publication of `chunk` (-1: every chunk) in round `column`, as its writer
   // and every reader compute it; `pieces` receives its packed layout.
   Envelope publication(const Collective& c, const Envelope& header, int chunk, size_t column,
