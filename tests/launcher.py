@@ -34,7 +34,8 @@ def _worker(fn, rank, world_size, store_path, results, args, env):
         try:
             value = fn(rank, world_size, *args)
         finally:
-            dist.destroy_process_group()
+            if dist.is_initialized():  # fn may have destroyed it (a test of life without one)
+                dist.destroy_process_group()
         # Plain pickle copies tensors; the queue's own pickler would share their memory with
         # a process that is about to exit.
         results.put((rank, True, pickle.dumps(value)))

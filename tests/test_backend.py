@@ -208,9 +208,6 @@ def _from_store(rank, world_size, store_path):
     comm.close()
     with pytest.raises(ValueError, match="rank"):
         ringcomm.Communicator.from_store(store, world_size, world_size)
-    # Leave a default group for the launcher to destroy.
-    dist.init_process_group("gloo", init_method=f"file://{store_path}-again", rank=rank,
-                            world_size=world_size)
     return t.tolist()
 
 
