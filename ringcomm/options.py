@@ -7,7 +7,7 @@ to the backends; nothing reads the environment at import time.
 | field | environment | default |
 |---|---|---|
 | timeout | - | ``torch.distributed.default_pg_timeout`` |
-| algorithm | RINGCOMM_ALGORITHM | ``"auto"`` (by size); or ``"ring"``, ``"one_shot"``, ``"two_shot"`` (ALGORITHMS) |
+| algorithm | RINGCOMM_ALGORITHM | ``"auto"`` (by size); or ``"ring"``, ``"one_shot"``, ``"two_shot"`` (ALGORITHMS); per call: ``algorithm=`` on all_reduce, reduce_scatter, all_gather; a collective the algorithm does not plan runs the ring |
 | one_shot_max_bytes | RINGCOMM_ONE_SHOT_MAX_BYTES | 8 KiB: ``auto`` all_reduce runs one_shot up to here |
 | two_shot_max_bytes | RINGCOMM_TWO_SHOT_MAX_BYTES | 0 (never): ``auto`` all_reduce runs two_shot up to here, reduce_scatter and all_gather one_shot |
 | publish_bytes | RINGCOMM_SHM_PUBLISH_BYTES | 256 KiB: CPU publication size per rank and round (one-hop algorithms) |
@@ -15,12 +15,12 @@ to the backends; nothing reads the environment at import time.
 | cuda_slice_bytes | RINGCOMM_CUDA_SLICE_BYTES | 4 MiB |
 | slot_bytes | RINGCOMM_SHM_SLOT_BYTES | 64 KiB, 32 KiB when ranks outnumber the host's cores |
 | slot_count | RINGCOMM_SHM_SLOTS | 16, 8 when ranks outnumber the host's cores |
-| spin_us | RINGCOMM_SPIN_US | 50 us of polling when every rank can have a core, else 0 |
-| yield_us | RINGCOMM_YIELD_US | 2000 us of yielding next, then a waiter sleeps on a futex (no yields for 1 s after one that lost the core for a scheduler slice) |
+| spin_us | RINGCOMM_SPIN_US | 50 us of polling when every rank can have a core (this process's affinity), else 0 |
+| yield_us | RINGCOMM_YIELD_US | 2000 us of yielding next, then a waiter sleeps on a futex (no yields for 1 s after 4 of 16 lost the core for > 500 us: a busy machine) |
 | debug | RINGCOMM_DEBUG (1 or DETAIL) | off |
 | check_finite | RINGCOMM_CHECK_FINITE (1) | off |
 
-docs/design.md says how slots and slices were chosen.
+docs/design.md says how slots, slices, waits and thresholds were chosen.
 """
 import dataclasses
 import os

@@ -1,5 +1,6 @@
 """The Python surface: op names, options, build info, async handles, the 16-bit wire, the schedule
 view."""
+import dataclasses
 import os
 
 import numpy as np
@@ -39,6 +40,21 @@ def test_build_info_reports_cuda_and_archs():
         assert "sm_90" in info["cuda_archs"] and info["nccl_version"].startswith("2.")
     else:
         assert info["cuda_archs"] == [] and info["nccl_version"] is None
+
+
+def test_the_options_table_names_every_field_and_variable():
+    """ringcomm/options.py's docstring is the one table of options (README and design.md point
+    to it): a row per CommOptions field, with its environment variable."""
+    rows = {}
+    for line in ringcomm.options.__doc__.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and len(cells) == 3:
+            rows[cells[0]] = cells[1]
+    fields = [f.name for f in dataclasses.fields(ringcomm.CommOptions)]
+    assert sorted(set(rows) - {"field"}) == sorted(fields)
+    for field, (variable, _) in ringcomm.options._ENVIRONMENT.items():
+        assert rows[field].split()[0] == variable, field  # then its values, if any
+    assert all(rows[f] == "-" for f in fields if f not in ringcomm.options._ENVIRONMENT)
 
 
 def test_options_resolve_explicit_then_environment_then_default(monkeypatch):
