@@ -193,7 +193,7 @@ void bindTesting(py::module_& m) {
   testing.def(
       "note_yield",
       [](double micros) {
-        noteYield(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        return noteYield(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
             std::chrono::duration<double, std::micro>(micros)));
       },
       py::arg("micros"));

@@ -53,12 +53,12 @@ void Executor::run(const Collective& c) {
   // Per publication phase, the plan's first step that reads it: each round declares the
   // phase's publication sizes there.
   std::array<const Step*, 2> firstRead{nullptr, nullptr};
-  for (const Step& s : c.plan.steps)
-    if (oneHop && s.readFrom >= 0) {
-      RC_CHECK(s.readPhase == 0 || s.readPhase == 1, "publication phase ", s.readPhase,
-               " is not 0 or 1");
-      if (firstRead[s.readPhase] == nullptr) firstRead[s.readPhase] = &s;
-    }
+  for (const Step& s : c.plan.steps) {
+    if (!oneHop || s.readFrom < 0) continue;
+    RC_CHECK(s.readPhase == 0 || s.readPhase == 1, "publication phase ", s.readPhase,
+             " is not 0 or 1");
+    if (firstRead[s.readPhase] == nullptr) firstRead[s.readPhase] = &s;
+  }
   auto runColumn = [&](size_t i, size_t column) {
     const Step& step = c.plan.steps[i];
     Range slice = sliceOf(step.range, column, sliceElems);

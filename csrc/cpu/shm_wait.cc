@@ -31,18 +31,20 @@ bool yieldsAreSlow() {
   return Clock::now().time_since_epoch().count() < yieldsOffUntil.load(std::memory_order_relaxed);
 }
 
-void noteYield(Clock::duration took) {
+bool noteYield(Clock::duration took) {
   const uint32_t slow = took > kSlowYield
                             ? slowInWindow.fetch_add(1, std::memory_order_relaxed) + 1
                             : slowInWindow.load(std::memory_order_relaxed);
   const bool windowDone = yieldsInWindow.fetch_add(1, std::memory_order_relaxed) + 1 >= kWindow;
-  if (slow >= kSlowInWindow)
+  const bool turnOff = slow >= kSlowInWindow;
+  if (turnOff)
     yieldsOffUntil.store((Clock::now() + kYieldsOffFor).time_since_epoch().count(),
                          std::memory_order_relaxed);
-  if (windowDone || slow >= kSlowInWindow) {
+  if (windowDone || turnOff) {
     yieldsInWindow.store(0, std::memory_order_relaxed);
     slowInWindow.store(0, std::memory_order_relaxed);
   }
+  return turnOff;
 }
 
 void futexWait(std::atomic<uint32_t>& word, uint32_t stale, int millis) {

@@ -56,9 +56,9 @@ void checkAlive(const WaitTarget& target);
 
 // Whether sched_yield lately lost this process its core for scheduler slices (another process
 // ran out its slice) often enough that waiters should sleep instead; noteYield says how long one
-// took.
+// took, and returns whether that turned yielding off.
 bool yieldsAreSlow();
-void noteYield(std::chrono::steady_clock::duration took);
+bool noteYield(std::chrono::steady_clock::duration took);
 void resetYieldGate();  // yielding on, an empty window (for tests)
 
 // After making a waiter's condition true (a sequentially consistent store): wakes the waiters
@@ -88,14 +88,15 @@ void waitUntil(Ready ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& 
     RC_CPU_RELAX();
     if ((i & 63) == 63 && Clock::now() > stopSpinning) break;  // a clock read per ~2 us
   }
-  const auto stopYielding = Clock::now() + std::chrono::microseconds(policy.yieldMicros);
-  for (int round = 0; policy.yieldMicros > 0 && !ready() && !yieldsAreSlow(); ++round) {
-    if ((round & 63) == 0) checkAbort();
-    const auto before = Clock::now();
-    sched_yield();
-    const auto after = Clock::now();
-    noteYield(after - before);
-    if (after > stopYielding) break;
+  if (policy.yieldMicros > 0 && !yieldsAreSlow()) {
+    const auto stopYielding = Clock::now() + std::chrono::microseconds(policy.yieldMicros);
+    for (int round = 0; !ready(); ++round) {
+      if ((round & 63) == 0) checkAbort();
+      const auto before = Clock::now();
+      sched_yield();
+      const auto after = Clock::now();
+      if (noteYield(after - before) || after > stopYielding) break;
+    }
   }
   for (int round = 0;; ++round) {
     // Read the word, then announce the sleep, then look once more. Whoever makes us ready does
