@@ -94,7 +94,7 @@ if lib is not None:
     maps = open("/proc/self/maps").read().splitlines()
     info["nccl_loaded_path"] = next((l.split()[-1] for l in maps if "libnccl.so" in l), None)
     # The multi-rank-per-GPU path the tests and benchmarks take (cuda_backend.shared_gpu_env).
-    info["multi_rank_path"] = ("NCCL_MULTI_RANK_GPU_ENABLE=1" if code.value >= 23000 else
+    info["multi_rank_path"] = ("NCCL_MULTI_RANK_GPU_ENABLE=1" if code.value >= 23003 else
                                "NCCL_HOSTID per rank, NCCL_SOCKET_IFNAME=lo, NCCL_IB_DISABLE=1 "
                                "(sockets)")
 print(json.dumps(info, indent=1))

@@ -190,7 +190,8 @@ PYBIND11_MODULE(_C, m) {
       .def("attach_incoming", &ShmPeerLinks::attachIncoming, py::arg("peer"), py::arg("name"))
       .def("unlink_incoming", &ShmPeerLinks::unlinkIncoming, py::arg("peer"))
       .def("has_outgoing", &ShmPeerLinks::hasOutgoing, py::arg("peer"))
-      .def("has_incoming", &ShmPeerLinks::hasIncoming, py::arg("peer"));
+      .def("has_incoming", &ShmPeerLinks::hasIncoming, py::arg("peer"))
+      .def("arrived_tag", &ShmPeerLinks::arrivedTag, py::arg("peer"));
 
 
   // The one communicator binding, CPU and CUDA alike: every collective takes `stream` (the

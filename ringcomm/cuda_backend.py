@@ -16,6 +16,11 @@ def nccl_library_hint():
         return ""
 
 
+# NCCL_MULTI_RANK_GPU_ENABLE exists from NCCL 2.30.3 (version code 23003); 2.30.0-2.30.2 refuse
+# a second rank on a device like older releases do.
+MULTI_RANK_GPU_NCCL = 23003
+
+
 def shared_gpu_env(rank, nccl_version=None):
     """Environment variables that let several ranks share one GPU; set them before NCCL creates
     a communicator. NCCL >= 2.30 allows it when asked; older NCCL refuses ("Duplicate GPU
@@ -23,7 +28,7 @@ def shared_gpu_env(rank, nccl_version=None):
     nccl_version: the version code of the NCCL that will run (default: the one ringcomm loads)."""
     if nccl_version is None:
         nccl_version = _C.nccl_library(nccl_library_hint())[1]
-    if nccl_version >= 23000:
+    if nccl_version >= MULTI_RANK_GPU_NCCL:
         return {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}
     # Sockets over loopback, not whatever InfiniBand the machine has: the path taken is known.
     return {"NCCL_HOSTID": f"ringcomm-rank-{rank}", "NCCL_SOCKET_IFNAME": "lo",

@@ -32,12 +32,28 @@ class PeerLinks:
 
     def from_(self, peer):
         """Makes sure the channel from `peer` is mapped (before receiving from it)."""
+        self._attach(peer, wait=True)
+
+    def arrived_tag(self, peer):
+        """The tag of the next message `peer` sent this rank, if one has arrived, else None;
+        maps the channel if the peer has created it, never waits."""
+        if not self._attach(peer, wait=False):
+            return None
+        return self._links.arrived_tag(peer)
+
+    def _attach(self, peer, wait):
+        """Maps the channel from `peer`; without `wait`, only if the peer has published it.
+        Returns whether it is mapped."""
         with self._in_lock:
             if not self._links.has_incoming(peer):
-                name = self._rendezvous.read(f"p2p-to-{self._rendezvous.rank}", peer).decode()
+                key = f"p2p-to-{self._rendezvous.rank}"
+                if not wait and not self._rendezvous.published(key, peer):
+                    return False
+                name = self._rendezvous.read(key, peer).decode()
                 self._links.attach_incoming(peer, name)
                 self._links.unlink_incoming(peer)
                 self._rendezvous.publish(f"p2p-attached-{peer}", b"1")
+            return True
 
     def close(self, failed=False):
         """Waits until every receiver has mapped its channel (unless the communicator failed:

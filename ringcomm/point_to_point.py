@@ -1,6 +1,8 @@
 """Point-to-point and all-to-all for Communicator: on CPU over shared-memory peer links set up
 on first use, on CUDA over the ring's NCCL communicator."""
-from . import checks
+import time
+
+from . import _C, checks
 from .buffers import as_buffer
 
 
@@ -49,6 +51,41 @@ class PointToPoint:
         links.from_(src)
         comm.recv(buf.address, buf.numel, buf.c_dtype, src, int(tag))
         return tensor
+
+    def recv_any(self, tensor, tag=0):
+        """Receives into ``tensor`` the next message any rank sent this rank with ``tag``, and
+        returns the sender's rank (``torch.distributed.recv`` without ``src``). Ranks are looked
+        at in turn, so a steady sender does not starve the others. CPU only: on CUDA, as on
+        NCCL, the sender must be named.
+
+        Example::
+
+            src = comm.recv_any(buf, tag=7)
+        """
+        buf = checks.writable(tensor, "tensor")
+        if buf.device == "cuda":
+            raise NotImplementedError("recv from any source is not supported on CUDA tensors "
+                                      "(NCCL needs the sending rank): name src")
+        if self.world_size == 1:
+            raise ValueError("recv from any source: this communicator has no other rank")
+        comm, links = self._peer_links()
+        deadline = time.monotonic() + self.timeout
+        pause, start = 0.0, self._any_source_start
+        while True:
+            for k in range(self.world_size):
+                peer = (start + k) % self.world_size
+                if peer != self.rank and links.arrived_tag(peer) == int(tag):
+                    self._any_source_start = peer + 1
+                    comm.recv(buf.address, buf.numel, buf.c_dtype, peer, int(tag))
+                    return peer
+            if time.monotonic() > deadline:
+                raise _C.CommTimeoutError(
+                    f"rank {self.rank} timed out after {self.timeout} s in recv from any source "
+                    f"(tag {tag}): no rank sent it a message with that tag")
+            time.sleep(pause)  # the first passes only yield; then up to 1 ms between looks
+            pause = min(1e-3, pause * 2 or 1e-5)
+
+    _any_source_start = 0  # the rank a receive from any source looks at first
 
     def all_to_all(self, output, input, output_split_sizes=None, input_split_sizes=None):
         """Rank r sends block p of ``input`` to rank p and receives block r of every rank's input

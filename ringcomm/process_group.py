@@ -270,8 +270,17 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         return self._p2p("recv", receive, tensors)
 
     def recv_anysource(self, tensors, tag):
-        raise NotImplementedError("ringcomm backend does not support recv from any source "
-                                  "(recv without src): name the sending rank")
+        (tensor,) = tensors
+        if tensor.is_cuda:  # as NCCL's backend: its messages carry no sender to match on
+            raise NotImplementedError("ringcomm backend: recv from any source (recv without "
+                                      "src) is not supported on CUDA tensors: name the sender")
+        source = []
+
+        def receive():
+            with _Contiguous(tensor) as buf:
+                source.append(self.communicator.recv_any(buf, tag))
+
+        return self._p2p("recv", receive, tensors, source)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         self._drain_p2p()  # all-to-all shares the point-to-point links: keep their order
@@ -297,7 +306,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
 
     # -- helpers -------------------------------------------------------------------------------
 
-    def _p2p(self, kind, call, tensors):
+    def _p2p(self, kind, call, tensors, source=None):
         """Runs a send or recv on its own thread; the Work completes when it has. On CUDA it
         runs now instead, ordered on the current stream as NCCL's are (one NCCL communicator
         must not be driven from two threads)."""
@@ -319,7 +328,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
                 future.set_exception(error)
 
         self._p2p_last[kind] = self._p2p_threads[kind].submit(task)
-        return _create_work_from_future(future)
+        return _FutureWork(future, source)
 
     def _drain_p2p(self):
         for pending in self._p2p_last.values():
@@ -334,6 +343,41 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
                 raise ValueError(f"ringcomm backend: {call}: every tensor of {what} must have "
                                  f"{like.numel()} elements of {like.dtype}, got {t.numel()} of "
                                  f"{t.dtype}")
+
+
+class _FutureWork(dist._Work):
+    """The Work of a send or receive run on a thread: wait() raises what the call raised (a
+    Work made by torch from a Future returns True from wait() even then), and a completed
+    receive from any source knows its sender's rank."""
+
+    def __init__(self, future, source=None):
+        super().__init__()
+        self._future, self._source = future, source
+
+    def wait(self, timeout=None):
+        self._future.wait()  # raises the call's exception
+        return True
+
+    def is_completed(self):
+        return self._future.done()
+
+    def is_success(self):
+        if not self._future.done():
+            return False
+        try:
+            self._future.value()
+            return True
+        except Exception:
+            return False
+
+    def get_future(self):
+        return self._future
+
+    def _source_rank(self):
+        if not self._source:
+            raise RuntimeError("ringcomm backend: only a completed recv from any source knows "
+                               "its sender's rank")
+        return self._source[0]
 
 
 def _create(options, backend_options):

@@ -69,6 +69,10 @@ class Rendezvous:
     def publish(self, key, value):
         self.store.set(f"{key}/{self.rank}", value)
 
+    def published(self, key, rank):
+        """Whether `rank` has published `key` (never waits)."""
+        return self.store.check([f"{key}/{rank}"])
+
     def read(self, key, rank):
         self._wait([f"{key}/{rank}"], f"rank {rank} to publish '{key}'")
         return self.store.get(f"{key}/{rank}")

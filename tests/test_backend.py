@@ -295,7 +295,18 @@ def _errors(rank, world_size, store_path):
         except Exception as error:  # the message is what a user sees
             seen[name] = f"{type(error).__name__}: {error}"
 
-    raised("recv_anysource", lambda: dist.recv(torch.ones(1)))
+    # A receive from any source names its sender (here the only other rank).
+    if rank == 1:
+        dist.send(torch.full((3,), 7.0), 0, tag=5)
+    else:
+        got = torch.zeros(3)
+        seen["recv_anysource"] = (dist.recv(got, tag=5), got.tolist())
+    # A receive that fails on its thread raises from wait(), as the call itself would.
+    pair = dist.new_group(backend="ringcomm")
+    if rank == 1:
+        dist.send(torch.ones(2), 0, group=pair, tag=6)
+    else:
+        raised("irecv_mismatch", lambda: dist.irecv(torch.zeros(3), 1, group=pair, tag=6).wait())
     raised("premul_sum", lambda: dist.all_reduce(
         torch.ones(2), op=dist._make_nccl_premul_sum(2.0)))
     raised("dtype", lambda: dist.all_reduce(torch.ones(2, dtype=torch.int16)))
@@ -311,6 +322,7 @@ def _errors(rank, world_size, store_path):
     store = dist.distributed_c10d._get_default_store()
     if rank == 0:
         raised("timeout", lambda: dist.all_reduce(torch.ones(4)))
+        raised("recv_anysource_timeout", lambda: dist.recv(torch.ones(1), tag=9))
         store.set("rank0-done", b"1")
     else:
         store.wait(["rank0-done"], datetime.timedelta(seconds=60))
@@ -319,9 +331,11 @@ def _errors(rank, world_size, store_path):
 
 def test_errors_name_the_call_and_time_out(tmp_path):
     results = launch(2, _errors, str(tmp_path / "store"), timeout=120)
+    assert results[0]["recv_anysource"] == (1, [7.0, 7.0, 7.0])
+    assert results[0]["irecv_mismatch"].startswith("MismatchError"), results[0]["irecv_mismatch"]
+    assert "CommTimeoutError" in results[0]["recv_anysource_timeout"] and \
+        "recv from any source (tag 9)" in results[0]["recv_anysource_timeout"]
     for rank, seen in enumerate(results):
-        assert seen["recv_anysource"].startswith("NotImplementedError") and \
-            "any source" in seen["recv_anysource"]
         assert "NotImplementedError" in seen["premul_sum"] and "PREMUL_SUM" in seen["premul_sum"]
         assert "TypeError" in seen["dtype"] and "torch.int16" in seen["dtype"]
         assert "ValueError" in seen["gather_list"] and "one per rank" in seen["gather_list"]

@@ -280,20 +280,36 @@ def test_a_scale_needs_a_floating_type_and_a_reducer_that_scales():
 
 
 def test_shared_gpu_env_picks_the_nccl_path():
-    """Ranks sharing one GPU: NCCL >= 2.30 is asked to allow it; older NCCL sees each rank as its
-    own host (a different NCCL_HOSTID), talking over loopback."""
-    from launcher import shared_gpu_env as test_env
+    """Ranks sharing one GPU: NCCL >= 2.30.3 is asked to allow it; older NCCL (2.30.0-2.30.2
+    included, which lack the switch) sees each rank as its own host (a different NCCL_HOSTID),
+    talking over loopback."""
     from ringcomm.cuda_backend import shared_gpu_env
 
     assert shared_gpu_env(3, nccl_version=23003) == {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}
-    old = [shared_gpu_env(r, nccl_version=22809) for r in range(2)]
-    assert all(env["NCCL_SOCKET_IFNAME"] == "lo" and env["NCCL_IB_DISABLE"] == "1" for env in old)
-    assert old[0]["NCCL_HOSTID"] != old[1]["NCCL_HOSTID"]
-    assert "NCCL_MULTI_RANK_GPU_ENABLE" not in old[0]
-    if _C.build_info()["cuda"]:  # the default asks the NCCL ringcomm loads
-        env = test_env(0)
-        assert env["NCCL_MAX_CTAS"] and set(env) - {"NCCL_MAX_CTAS"} in (
-            {"NCCL_MULTI_RANK_GPU_ENABLE"}, {"NCCL_HOSTID", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE"})
+    assert shared_gpu_env(3, nccl_version=23200) == {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}
+    for version in (22809, 23000, 23002):
+        old = [shared_gpu_env(r, nccl_version=version) for r in range(2)]
+        assert all(env["NCCL_SOCKET_IFNAME"] == "lo" and env["NCCL_IB_DISABLE"] == "1"
+                   for env in old)
+        assert old[0]["NCCL_HOSTID"] != old[1]["NCCL_HOSTID"]
+        assert "NCCL_MULTI_RANK_GPU_ENABLE" not in old[0]
+
+
+def test_shared_gpu_env_asks_the_nccl_ringcomm_loads():
+    from launcher import shared_gpu_env as test_env
+    from ringcomm.cuda_backend import MULTI_RANK_GPU_NCCL, nccl_library_hint
+
+    if not _C.build_info()["cuda"]:
+        pytest.skip("ringcomm was built without CUDA (no nvcc at build time)")
+    try:
+        version = _C.nccl_library(nccl_library_hint())[1]
+    except _C.RingcommError as error:
+        pytest.skip(f"NCCL's library (libnccl.so.2) could not be loaded: {str(error).splitlines()[0]}")
+    env = test_env(0)
+    assert env["NCCL_MAX_CTAS"]
+    expected = ({"NCCL_MULTI_RANK_GPU_ENABLE"} if version >= MULTI_RANK_GPU_NCCL else
+                {"NCCL_HOSTID", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE"})
+    assert set(env) - {"NCCL_MAX_CTAS"} == expected
 
 
 # -- publications (one-hop algorithms) on NCCL, replayed with their data ---------------------------

@@ -40,8 +40,13 @@ SELECTED = [
     "test_scatter",
     "test_scatter_checks",
     "test_barrier",
-    # point to point
+    "test_barrier_group",
+    # point to point, receives from any source included
+    "test_send_recv",
     "test_send_recv_with_tag",
+    "test_send_recv_any_source",
+    "test_send_recv_any_source_autograd_profiler",
+    "test_send_recv_any_source_torch_profiler",
     "test_isend",
     "test_irecv",
     "test_get_backend",

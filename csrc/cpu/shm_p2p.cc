@@ -1,6 +1,7 @@
 #include "cpu/shm_p2p.h"
 
 #include "ringcomm/error.h"
+#include "ringcomm/types.h"
 
 namespace ringcomm {
 
@@ -50,6 +51,14 @@ bool ShmPeerLinks::hasOutgoing(int peer) const {
 bool ShmPeerLinks::hasIncoming(int peer) const {
   checkPeer(peer);
   return incoming_[peer].valid();
+}
+
+std::optional<int> ShmPeerLinks::arrivedTag(int peer) const {
+  if (!hasIncoming(peer)) return std::nullopt;
+  const Message* next = incoming_[peer].peek();
+  if (next == nullptr || next->envelope.primitive != static_cast<int32_t>(Primitive::SendRecv))
+    return std::nullopt;
+  return next->envelope.root;  // point-to-point envelopes carry the tag as their root
 }
 
 void* ShmPeerLinks::acquireSend(int peer, size_t bytes) {

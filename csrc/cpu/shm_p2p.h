@@ -7,6 +7,7 @@
 // A send and a receive on different peers may run on different threads at once.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,9 @@ class ShmPeerLinks : public Transport {
   void unlinkIncoming(int peer);
   bool hasOutgoing(int peer) const;
   bool hasIncoming(int peer) const;
+  // The tag of the next send/recv message from `peer`, if it has arrived (nothing is taken):
+  // how a receive from any source finds its sender.
+  std::optional<int> arrivedTag(int peer) const;
 
   size_t maxMessageBytes() const override { return options_.slotBytes; }
   void* acquireSend(int peer, size_t bytes) override;
