@@ -1,5 +1,6 @@
 """Which ringcomm algorithm where, measured: every algorithm ringcomm offers, beside gloo, in one
-launch per world size; the selector's thresholds from the crossovers, and issue 13's targets.
+launch per world size; the selector's thresholds from the crossovers, and the latency and
+bandwidth targets.
 
     python bench/tune.py                              # 2 ranks, all_reduce 8 B .. 64 MiB, x2 steps
     python bench/tune.py --nproc 4 --json t4.json --plot t4.png
@@ -59,7 +60,7 @@ class Target:
     small_vs_gloo: float  # 8 B all_reduce time over gloo's, at most
 
 
-# Issue 13: 8 B within 1.5x of OpenMPI's shared-memory allreduce; 64 MiB busbw >= 3x gloo's.
+# Targets: 8 B within 1.5x of OpenMPI's shared-memory allreduce; 64 MiB busbw >= 3x gloo's.
 TARGETS = {2: Target(6.0, 0.01), 4: Target(20.0, 0.015)}
 SMALL, LARGE, LARGE_VS_GLOO = 8, 64 << 20, 3.0
 
@@ -164,7 +165,7 @@ def selector_violations(rows, selector=SELECTOR, reference=REFERENCE):
 
 
 def targets(rows, world):
-    """Issue 13's targets from all_reduce rows: the best algorithm and the selector at 8 B (time,
+    """The targets from all_reduce rows: the best algorithm and the selector at 8 B (time,
     time over gloo's) and at 64 MiB (busbw over gloo's); None where a size was not measured."""
     by = {row["size"]: row for row in rows}
     goal = TARGETS.get(world)
