@@ -132,7 +132,10 @@ def test_script_picks_the_interpreter_that_has_torch(tmp_path):
     bin_dir.mkdir()
     (bin_dir / "python").write_text("#!/bin/sh\nexit 1\n")  # no torch here
     (bin_dir / "python").chmod(0o755)
-    (bin_dir / "python3").symlink_to(sys.executable)
+    # A script, not a symlink: a symlink to a virtual environment's interpreter, found outside
+    # that environment's bin/, does not see the environment's packages.
+    (bin_dir / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (bin_dir / "python3").chmod(0o755)
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "RINGCOMM_GPU_CHECK_DRY": "1",
            "PATH": f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin"}
