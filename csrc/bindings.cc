@@ -293,6 +293,28 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("output"), py::arg("input"), py::arg("send_counts"), py::arg("recv_counts"),
           py::arg("dtype"), py::arg("stream") = 0, release)
+      .def(
+          "traffic",
+          [](const Comm& c) {
+            const TrafficStats t = c.traffic();
+            py::dict d;
+            d["bytes_sent"] = t.bytesSent;
+            d["bytes_received"] = t.bytesReceived;
+            d["messages_sent"] = t.messagesSent;
+            d["messages_received"] = t.messagesReceived;
+            d["bytes_published"] = t.bytesPublished;
+            d["publications"] = t.publications;
+            d["waits"] = t.waits;
+            d["waits_ended_spinning"] = t.waitsEndedSpinning;
+            d["waits_ended_yielding"] = t.waitsEndedYielding;
+            d["waits_ended_sleeping"] = t.waitsEndedSleeping;
+            d["wait_seconds"] = t.waitSeconds;
+            d["sleeping_wait_seconds"] = t.sleepingWaitSeconds;
+            d["collectives"] = c.sequence();
+            return d;
+          },
+          "What the transports moved and how long they waited (see Communicator.stats)")
+      .def("reset_traffic", &Comm::resetTraffic)
       .def("close", &Comm::close, release);
 
   bindTesting(m);  // before bindCuda, which adds to m.testing

@@ -21,12 +21,14 @@ from .communicator import Communicator
 from .ops import ReduceOp
 from .options import CommOptions
 from .schedule import Schedule, schedule
+from .stats import CommStats
 from . import process_group
 
 process_group.register()  # dist.init_process_group("ringcomm") from here on
 
 __all__ = [
     "CommOptions",
+    "CommStats",
     "Communicator",
     "ReduceOp",
     "RingcommError",

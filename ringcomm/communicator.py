@@ -10,6 +10,7 @@ from .options import CommOptions, algorithm_for
 from .ops import to_c_op
 from .point_to_point import PointToPoint
 from .rendezvous import Rendezvous
+from .stats import CommStats, from_traffic
 
 _P = _C.Primitive
 _RING = _C.Algorithm.ring
@@ -70,6 +71,7 @@ class Communicator(PointToPoint):
         self._algorithms = {name: checks.algorithm(algorithm_for(self.options.algorithm, name))
                             for name in ("reduce_scatter", "all_gather")}
         self._last = None
+        self._stats_base = {}  # backend -> collectives run before the last reset_stats
         self._closed = False
         if not cuda_backend.available():
             self._backend("cpu", -1)  # set up eagerly: set-up errors show here, not mid-training
@@ -237,6 +239,40 @@ class Communicator(PointToPoint):
         self._precheck("scatter", out, None, src, inp if self.rank == src else None)
         return self._run(out, "scatter", (out.address, address, out.numel, out.c_dtype, src), output,
                          async_op)
+
+    # -- traffic -------------------------------------------------------------------------------
+
+    def stats(self):
+        """What this rank's transports moved and how long they waited, as they counted it
+        (a :class:`ringcomm.stats.CommStats`): bytes and messages sent to and received from each
+        peer, collectives run, waits. Summed over the devices this communicator has used.
+
+        Example::
+
+            comm.reset_stats()
+            comm.all_reduce(t)
+            print(comm.stats().total_sent)    # 2 (N - 1) / N of t's bytes on the ring
+        """
+        self._drain()
+        total = CommStats()
+        with self._lock:
+            for key, comm in self._backends.items():
+                total = total + from_traffic(comm.traffic(), self._stats_base.get(key, 0))
+        return total
+
+    def reset_stats(self):
+        """Starts the counts of :meth:`stats` again from zero."""
+        self._drain()
+        with self._lock:
+            for key, comm in self._backends.items():
+                comm.reset_traffic()
+                self._stats_base[key] = comm.traffic()["collectives"]
+
+    def _drain(self):
+        """Waits for the collectives queued on the worker."""
+        last = self._last
+        if last is not None:
+            last.result()
 
     # -- life cycle ----------------------------------------------------------------------------
 

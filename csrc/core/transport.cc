@@ -21,6 +21,26 @@ void Transport::commitPublish(int, const Envelope& envelope) {
   RC_THROW("this transport has no publications (", describeEnvelope(envelope), ")");
 }
 
+TrafficStats& TrafficStats::operator+=(const TrafficStats& other) {
+  auto add = [](std::vector<uint64_t>& into, const std::vector<uint64_t>& from) {
+    if (into.size() < from.size()) into.resize(from.size());
+    for (size_t i = 0; i < from.size(); ++i) into[i] += from[i];
+  };
+  add(bytesSent, other.bytesSent);
+  add(bytesReceived, other.bytesReceived);
+  add(messagesSent, other.messagesSent);
+  add(messagesReceived, other.messagesReceived);
+  bytesPublished += other.bytesPublished;
+  publications += other.publications;
+  waits += other.waits;
+  waitsEndedSpinning += other.waitsEndedSpinning;
+  waitsEndedYielding += other.waitsEndedYielding;
+  waitsEndedSleeping += other.waitsEndedSleeping;
+  waitSeconds += other.waitSeconds;
+  sleepingWaitSeconds += other.sleepingWaitSeconds;
+  return *this;
+}
+
 const void* Transport::acquirePublished(int peer, int, const Envelope& expected) {
   RC_THROW("this transport has no publications (rank ", peer, ", ", describeEnvelope(expected), ")");
 }

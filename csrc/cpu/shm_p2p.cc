@@ -9,11 +9,13 @@ ShmPeerLinks::ShmPeerLinks(int rank, int worldSize, ShmOptions options)
     : rank_(rank),
       worldSize_(worldSize),
       options_(options),
+      traffic_(std::max(worldSize, 0)),
       outgoing_(worldSize),
       incoming_(worldSize),
       heldPayload_(worldSize, 0) {
   RC_CHECK(worldSize >= 1 && rank >= 0 && rank < worldSize, "rank ", rank,
            " is outside the world of ", worldSize, " ranks");
+  options_.wait.stats = traffic_.waits();
   RC_CHECK(options.slotBytes >= 64, "shared-memory slots must hold at least 64 bytes");
 }
 
@@ -70,12 +72,14 @@ void* ShmPeerLinks::acquireSend(int peer, size_t bytes) {
 
 void ShmPeerLinks::commitSend(int peer, const Envelope& envelope) {
   outgoing_[peer].commitSend(envelope);
+  traffic_.sent(peer, envelope.bytes);
 }
 
 const void* ShmPeerLinks::acquireRecv(int peer, const Envelope& expected) {
   RC_CHECK(hasIncoming(peer), "no link from rank ", peer, " was set up");
   const Message& message = incoming_[peer].acquireRecv(expected, options_.wait, peer);
   heldPayload_[peer] = message.payloadIndex;
+  traffic_.received(peer, expected.bytes);
   return incoming_[peer].payload(message.payloadIndex);
 }
 

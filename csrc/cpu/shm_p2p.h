@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cpu/shm_channel.h"
+#include "cpu/shm_traffic.h"
 #include "cpu/shm_transport.h"
 #include "ringcomm/transport.h"
 
@@ -39,11 +40,15 @@ class ShmPeerLinks : public Transport {
   void releaseRecv(int peer) override;
   void abort(const std::string& why) override;
 
+  TrafficStats traffic() const override { return traffic_.snapshot(); }
+  void resetTraffic() override { traffic_.reset(); }
+
  private:
   void checkPeer(int peer) const;
 
   int rank_, worldSize_;
   ShmOptions options_;
+  TrafficCounters traffic_;
   std::vector<ShmChannel> outgoing_, incoming_;  // by peer rank
   std::vector<uint32_t> heldPayload_;            // by peer: payload of the message being read
 };

@@ -9,7 +9,9 @@ ShmTransport::ShmTransport(int rank, int worldSize, ShmOptions options)
       worldSize_(worldSize),
       next_((rank + 1) % worldSize),
       prev_((rank + worldSize - 1) % worldSize),
-      options_(options) {
+      options_(options),
+      traffic_(worldSize) {
+  options_.wait.stats = traffic_.waits();
   RC_CHECK(options.slotBytes >= 64, "shared-memory slots must hold at least 64 bytes");
   RC_CHECK(options.publishBytes >= 64, "shared-memory publications must hold at least 64 bytes");
   if (worldSize == 1) return;
@@ -68,6 +70,7 @@ void* ShmTransport::acquireSend(int peer, size_t bytes) {
 void ShmTransport::commitSend(int peer, const Envelope& envelope) {
   checkPeer(peer, next_, "sends to");
   outgoing().commitSend(envelope);
+  traffic_.sent(peer, envelope.bytes);
 }
 
 const void* ShmTransport::acquireRecv(int peer, const Envelope& expected) {
@@ -77,6 +80,7 @@ const void* ShmTransport::acquireRecv(int peer, const Envelope& expected) {
            " sent a payload held by rank ", message.originRank);
   heldRank_ = message.originRank;
   heldIndex_ = message.payloadIndex;
+  traffic_.received(peer, expected.bytes);
   // The message's own envelope was checked; a forwarded one must still name a held payload.
   RC_CHECK(heldRank_ == prev_ || channels_[heldRank_].slotHeader(heldIndex_).envelope == expected,
            "rank ", peer, " forwarded a payload that rank ", heldRank_, " no longer holds");
@@ -89,6 +93,7 @@ void ShmTransport::forward(int from, int to, const Envelope& envelope) {
   outgoing().acquireForward(options_.wait, to);
   channels_[heldRank_].hold(heldIndex_);  // for the next reader, before it can see the message
   outgoing().commitForward(envelope, heldRank_, heldIndex_);
+  traffic_.sent(to, envelope.bytes);  // by reference: `to` reads the bytes where they lie
 }
 
 void ShmTransport::releaseRecv(int peer) {
@@ -123,6 +128,7 @@ void* ShmTransport::acquirePublish(int phase, size_t bytes) {
 void ShmTransport::commitPublish(int phase, const Envelope& envelope) {
   checkPhase(phase);
   boards_[rank_].publish(phase, round_, envelope);
+  traffic_.published(envelope.bytes);
 }
 
 const void* ShmTransport::acquirePublished(int peer, int phase, const Envelope& expected) {
@@ -139,7 +145,9 @@ const void* ShmTransport::acquirePublished(int peer, int phase, const Envelope& 
                   describeEnvelope(stray->envelope), " but this rank is running ",
                   describeEnvelope(expected));
   };
-  return boards_[peer].read(phase, round_, expected, options_.wait, watch);
+  const void* publication = boards_[peer].read(phase, round_, expected, options_.wait, watch);
+  traffic_.received(peer, expected.bytes);
+  return publication;
 }
 
 }  // namespace ringcomm

@@ -13,6 +13,7 @@
 
 #include "cpu/shm_board.h"
 #include "cpu/shm_channel.h"
+#include "cpu/shm_traffic.h"
 #include "ringcomm/transport.h"
 
 namespace ringcomm {
@@ -51,6 +52,9 @@ class ShmTransport : public Transport {
   void commitPublish(int phase, const Envelope& envelope) override;
   const void* acquirePublished(int peer, int phase, const Envelope& expected) override;
 
+  TrafficStats traffic() const override { return traffic_.snapshot(); }
+  void resetTraffic() override { traffic_.reset(); }
+
  private:
   void checkPeer(int peer, int expected, const char* role) const;
   void checkPhase(int phase) const;
@@ -59,6 +63,7 @@ class ShmTransport : public Transport {
 
   int rank_, worldSize_, next_, prev_;
   ShmOptions options_;
+  TrafficCounters traffic_;
   std::vector<ShmChannel> channels_;  // by owner rank: channels_[r] carries r -> r + 1
   std::vector<ShmBoard> boards_;      // by owner rank
   uint32_t round_ = 0;                // publication rounds this rank has started

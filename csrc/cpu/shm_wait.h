@@ -33,11 +33,29 @@ struct Peer {
   pid_t pid;
 };
 
+// Where the waits that were not over at once went: how many, how long, and the phase each
+// ended in. Relaxed atomics: a transport's sends and receives may wait on different threads.
+struct WaitStats {
+  enum Phase { kSpinning, kYielding, kSleeping };
+  std::atomic<uint64_t> waits{0}, nanos{0}, sleepingNanos{0};
+  std::atomic<uint64_t> ended[3] = {{0}, {0}, {0}};
+
+  void note(Phase phase, std::chrono::steady_clock::duration took) {
+    const auto ns = static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(took).count());
+    waits.fetch_add(1, std::memory_order_relaxed);
+    nanos.fetch_add(ns, std::memory_order_relaxed);
+    ended[phase].fetch_add(1, std::memory_order_relaxed);
+    if (phase == kSleeping) sleepingNanos.fetch_add(ns, std::memory_order_relaxed);
+  }
+};
+
 struct WaitPolicy {
   double timeoutSeconds = 1800;
   int spinMicros = 50;      // busy polls first, for this long
   int yieldMicros = 2000;   // then sched_yield polls for this long, unless yields are slow here
   int sleepMillis = 20;     // then futex slices
+  WaitStats* stats = nullptr;  // where to count the waits (the transport's), if anywhere
 };
 
 // What is awaited, for the error messages: "waiting for rank 3 to <what>".
@@ -83,8 +101,11 @@ void waitUntil(Ready ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& 
   const auto start = Clock::now();
   const auto stopSpinning = start + std::chrono::microseconds(policy.spinMicros);
   const auto deadline = start + std::chrono::duration<double>(policy.timeoutSeconds);
+  auto finished = [&](WaitStats::Phase phase) {
+    if (policy.stats != nullptr) policy.stats->note(phase, Clock::now() - start);
+  };
   for (int i = 0; policy.spinMicros > 0; ++i) {
-    if (ready()) return;
+    if (ready()) return finished(WaitStats::kSpinning);
     RC_CPU_RELAX();
     if ((i & 63) == 63 && Clock::now() > stopSpinning) break;  // a clock read per ~2 us
   }
@@ -97,6 +118,7 @@ void waitUntil(Ready ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& 
       const auto after = Clock::now();
       if (noteYield(after - before) || after > stopYielding) break;
     }
+    if (ready()) return finished(WaitStats::kYielding);
   }
   for (int round = 0;; ++round) {
     // Read the word, then announce the sleep, then look once more. Whoever makes us ready does
@@ -111,7 +133,7 @@ void waitUntil(Ready ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& 
       done = ready();
     }
     sleepers.fetch_sub(1, std::memory_order_relaxed);
-    if (done) return;
+    if (done) return finished(WaitStats::kSleeping);
     checkAbort();
     if ((round & 3) == 3) {
       checkAlive(target);

@@ -34,6 +34,9 @@ class Communicator {
   int worldSize() const { return worldSize_; }
   uint64_t sequence() const { return sequence_; }
   bool closed() const { return closed_; }
+  // What the ring's transport and the point-to-point links moved, summed (Transport::traffic).
+  TrafficStats traffic() const;
+  void resetTraffic();
   const std::string& failure() const { return failure_; }
 
   // Pointers are raw device or host addresses; counts are elements of `type`.

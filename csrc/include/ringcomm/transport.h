@@ -37,9 +37,33 @@ struct Envelope {
 // error messages.
 std::string describeEnvelope(const Envelope& envelope);
 
+// What a transport moved and how long it waited, counted where it moves and waits (not
+// computed from a formula). Per peer rank; publications are counted once when written and,
+// by each reader, as bytes received from the rank that wrote them. A message forwarded by
+// reference counts as sent to the rank it is forwarded to (that rank reads the bytes where
+// they were first written).
+struct TrafficStats {
+  std::vector<uint64_t> bytesSent, bytesReceived, messagesSent, messagesReceived;  // by peer
+  uint64_t bytesPublished = 0, publications = 0;
+  // Waits that were not over at once: how many, for how long, and the phase each ended in
+  // (spinning, yielding, asleep on the futex) with the time of those that ended asleep.
+  uint64_t waits = 0, waitsEndedSpinning = 0, waitsEndedYielding = 0, waitsEndedSleeping = 0;
+  double waitSeconds = 0, sleepingWaitSeconds = 0;
+
+  explicit TrafficStats(int worldSize = 0)
+      : bytesSent(worldSize), bytesReceived(worldSize), messagesSent(worldSize),
+        messagesReceived(worldSize) {}
+  TrafficStats& operator+=(const TrafficStats& other);
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
+
+  // What this transport has moved since it was made or last reset (transports that do not
+  // count return empty vectors).
+  virtual TrafficStats traffic() const { return TrafficStats(); }
+  virtual void resetTraffic() {}
 
   // Largest payload of one message.
   virtual size_t maxMessageBytes() const = 0;
