@@ -69,32 +69,57 @@ def sweep(minbytes, maxbytes, factor):
 # -- timing ----------------------------------------------------------------------------------
 
 class CpuTimer:
-    """Wall clock; CPU collectives return when this rank's part is done."""
+    """Wall clock; CPU collectives return when this rank's part is done. mark() after each call
+    notes the time (into a list allocated by start, not in the timed loop)."""
 
-    def start(self):
+    def start(self, calls=0):
+        self.marks = [0.0] * calls
+        self.done = 0
         self.t0 = time.perf_counter()
+
+    def mark(self):
+        self.marks[self.done] = time.perf_counter()
+        self.done += 1
 
     def stop(self):
         return time.perf_counter() - self.t0
+
+    def laps(self):
+        """Seconds of each marked call."""
+        edges = [self.t0] + self.marks[:self.done]
+        return [b - a for a, b in zip(edges, edges[1:])]
 
     def sync(self):
         pass
 
 
 class CudaTimer:
-    """CUDA events on the current stream: measures the GPU work, not Python's launch time."""
+    """CUDA events on the current stream: measures the GPU work, not Python's launch time. The
+    events of mark() are made by start(), before the timed loop."""
 
     def __init__(self):
         self.begin = torch.cuda.Event(enable_timing=True)
         self.end = torch.cuda.Event(enable_timing=True)
+        self.marks = []
 
-    def start(self):
+    def start(self, calls=0):
+        while len(self.marks) < calls:
+            self.marks.append(torch.cuda.Event(enable_timing=True))
+        self.done = 0
         self.begin.record()
+
+    def mark(self):
+        self.marks[self.done].record()
+        self.done += 1
 
     def stop(self):
         self.end.record()
         self.end.synchronize()
         return self.begin.elapsed_time(self.end) / 1e3
+
+    def laps(self):
+        edges = [self.begin] + self.marks[:self.done]
+        return [a.elapsed_time(b) / 1e3 for a, b in zip(edges, edges[1:])]
 
     def sync(self):
         torch.cuda.synchronize()
@@ -153,10 +178,11 @@ class Bench:
         dist.barrier(group=self.ctl)  # every rank starts together...
         for _ in range(self.s.warmup):  # ...and the last warm-up call aligns them closer still
             impl.run(coll, bufs)
-        self.timer.start()
+        self.timer.start(self.s.iters)
         for _ in range(self.s.iters):
             impl.run(coll, bufs)
-        return self.timer.stop() / self.s.iters
+            self.timer.mark()
+        return self.timer.stop() / self.s.iters, self.timer.laps()
 
     def _wrong(self, impl, coll, bufs, pattern, p):
         """#wrong elements on this rank, after one call on fresh inputs (nccl-tests' check)."""
@@ -177,6 +203,13 @@ class Bench:
         all_gather_tensor(every, torch.tensor([float(value)], dtype=torch.float64), group=self.ctl)
         return every.tolist()
 
+    def _slowest_per_call(self, laps):
+        """Each call's time on its slowest rank (on the control group)."""
+        mine = torch.tensor(laps, dtype=torch.float64)
+        every = torch.empty(self.n * mine.numel(), dtype=torch.float64)
+        all_gather_tensor(every, mine, group=self.ctl)
+        return every.view(self.n, -1).max(0).values.tolist()
+
     def run(self, coll, impls, sizes, on_row=None):
         """Measures every size, variant and implementation; returns rank 0's records."""
         elsize = torch.tensor([], dtype=self.dtype).element_size()
@@ -194,12 +227,14 @@ class Bench:
                 bufs = coll.allocate(p, self.n, self.rank, self.dtype, self.device, inplace)
                 coll.init(bufs, pattern, self.n)
                 rounds = {impl.name: [] for impl in impls}
+                calls = {impl.name: [] for impl in impls}
                 for r in range(self.s.rounds):
                     # Implementations alternate on the same buffers, each following every other
                     # in turn, so none keeps inheriting one neighbour's traces.
                     for impl in (impls[i] for i in balanced_order(len(impls), r)):
-                        seconds = max(self._every_rank(self._time(impl, coll, bufs)))
-                        rounds[impl.name].append(seconds)
+                        mean, laps = self._time(impl, coll, bufs)
+                        rounds[impl.name].append(max(self._every_rank(mean)))
+                        calls[impl.name] += self._slowest_per_call(laps)
                         bar.update()
                 for impl in impls:
                     wrong = None
@@ -207,7 +242,7 @@ class Bench:
                         mine = self._wrong(impl, coll, bufs, pattern, p)
                         wrong = int(sum(self._every_rank(mine)))
                     row.append(self._record(coll, impl.name, p, full * elsize, inplace,
-                                            rounds[impl.name], wrong))
+                                            rounds[impl.name], calls[impl.name], wrong))
                 del bufs
             records += row
             if on_row and self.rank == 0:
@@ -220,7 +255,7 @@ class Bench:
         bar.close()
         return records
 
-    def _record(self, coll, impl, count, nbytes, inplace, rounds, wrong):
+    def _record(self, coll, impl, count, nbytes, inplace, rounds, calls, wrong):
         seconds = statistics.median(rounds)
         algbw = nbytes / seconds / 1e9
         return {"collective": coll.name, "impl": impl, "size": nbytes, "count": count,
@@ -228,7 +263,22 @@ class Bench:
                 "root": self.s.root if coll.has_root else -1, "inplace": inplace,
                 "time_us": seconds * 1e6, "algbw": algbw, "busbw": algbw * coll.bus_factor(self.n),
                 "wrong": wrong, "nranks": self.n, "device": self.device.type,
-                "rounds_us": [t * 1e6 for t in rounds], "spread_us": spread(rounds) * 1e6}
+                "rounds_us": [t * 1e6 for t in rounds], "spread_us": spread(rounds) * 1e6,
+                # Per call (slowest rank each): a mean hides a split between fast calls and
+                # scheduler-slice-long ones; the median and the 99th percentile do not.
+                "p50_us": percentile(calls, 50) * 1e6, "p99_us": percentile(calls, 99) * 1e6,
+                "calls": len(calls)}
+
+
+def percentile(values, q):
+    """The q-th percentile (linear between the nearest ranks, as numpy's default)."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    at = (len(ordered) - 1) * q / 100
+    low = int(at)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
 
 
 def balanced_order(k, r):
@@ -299,21 +349,27 @@ def machine_load(before, after):
 
 _KEY = "{:>12} {:>13} {:>9} {:>6} {:>5}"
 _BLOCK = " {:>9} {:>7} {:>7} {:>6}"
+_TAIL = " {:>9} {:>9}"
 
 
 def table_header(impl_names, title_lines):
     """nccl-tests' header: key columns, then (out-of-place, in-place) per implementation, then
-    the ratio of the first implementation's busbw to the last's."""
+    the ratio of the first implementation's busbw to the last's, then each implementation's
+    per-call median and 99th percentile (in place where measured, else out of place)."""
     lines = [f"# {line}" for line in title_lines] + ["#"]
     width = len(_BLOCK.format("", "", "", ""))
     blocks = "".join(f"{name + ': out-of-place':>{width}}{'in-place':>{width}}" for name in impl_names)
     ratio = f"  {impl_names[0]}/{impl_names[-1]} busbw" if len(impl_names) > 1 else ""
-    lines.append("#" + " " * 49 + blocks + ratio)
+    tail_width = len(_TAIL.format("", ""))
+    tails = "".join(f"{name + ': per call':>{tail_width}}" for name in impl_names)
+    lines.append("#" + " " * 49 + blocks + ratio + tails)
     cols = _BLOCK.format("time", "algbw", "busbw", "#wrong") * 2 * len(impl_names)
     units = _BLOCK.format("(us)", "(GB/s)", "(GB/s)", "") * 2 * len(impl_names)
+    ratio_cols = "   oop     ip" if ratio else ""
     lines.append("#" + _KEY.format("size", "count", "type", "redop", "root")[1:] + cols
-                 + ("   oop     ip" if ratio else ""))
-    lines.append("#" + _KEY.format("(B)", "(elements)", "", "", "")[1:] + units)
+                 + ratio_cols + _TAIL.format("p50", "p99") * len(impl_names))
+    lines.append("#" + _KEY.format("(B)", "(elements)", "", "", "")[1:] + units
+                 + " " * len(ratio_cols) + _TAIL.format("(us)", "(us)") * len(impl_names))
     return "\n".join(lines)
 
 
@@ -336,6 +392,10 @@ def table_row(records, impl_names):
             a, b = by.get((impl_names[0], inplace)), by.get((impl_names[-1], inplace))
             # Same size and factor, so the busbw ratio is the time ratio (defined even when n = 1).
             line += f" {b['time_us'] / a['time_us']:6.2f}" if a and b else f" {'N/A':>6}"
+    for name in impl_names:
+        r = by.get((name, True)) or by.get((name, False))
+        line += _TAIL.format(_time_text(r["p50_us"]), _time_text(r["p99_us"])) if r and \
+            "p50_us" in r else _TAIL.format("N/A", "N/A")
     return line
 
 
@@ -350,27 +410,38 @@ def write_json(path, records):
 
 
 def write_plot(path, records, title):
-    """busbw against size, log-x, one line per implementation and variant, one panel per
-    collective."""
+    """One panel per collective: busbw against size, log-x, one line per implementation and
+    variant; below it, each implementation's per-call median (solid) and 99th percentile
+    (dotted) time."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
 
     colls = list(dict.fromkeys(r["collective"] for r in records))
-    fig, axes = plt.subplots(1, len(colls), figsize=(6 * len(colls), 4.2), squeeze=False)
-    for ax, coll in zip(axes[0], colls):
+    fig, axes = plt.subplots(2, len(colls), figsize=(6 * len(colls), 8), squeeze=False)
+    for ax, tails, coll in zip(axes[0], axes[1], colls):
         mine = [r for r in records if r["collective"] == coll]
         for color, impl in enumerate(dict.fromkeys(r["impl"] for r in mine)):
             for inplace in (False, True):
-                pts = sorted((r["size"], r["busbw"]) for r in mine
-                             if r["impl"] == impl and r["inplace"] == inplace)
-                if pts:
-                    ax.plot(*zip(*pts), marker="o", ms=3, color=f"C{color}",
-                            linestyle="-" if inplace else "--",
-                            label=f"{impl} ({'in-place' if inplace else 'out-of-place'})")
+                pts = sorted((r["size"], r["busbw"], r.get("p50_us"), r.get("p99_us"))
+                             for r in mine if r["impl"] == impl and r["inplace"] == inplace)
+                if not pts:
+                    continue
+                variant = "in-place" if inplace else "out-of-place"
+                sizes = [p[0] for p in pts]
+                ax.plot(sizes, [p[1] for p in pts], marker="o", ms=3, color=f"C{color}",
+                        linestyle="-" if inplace else "--", label=f"{impl} ({variant})")
+                if pts[0][2] is not None and (inplace or not any(
+                        r["inplace"] for r in mine if r["impl"] == impl)):
+                    tails.plot(sizes, [p[2] for p in pts], marker="o", ms=3, color=f"C{color}",
+                               label=f"{impl} p50")
+                    tails.plot(sizes, [p[3] for p in pts], marker=".", color=f"C{color}",
+                               linestyle=":", label=f"{impl} p99")
         ax.set(title=coll, xlabel="size (bytes)", ylabel="busbw (GB/s)")
         size_axis(ax)
+        tails.set(yscale="log", xlabel="size (bytes)", ylabel="time per call (us)")
+        size_axis(tails)
     save_figure(fig, path, title)
 
 

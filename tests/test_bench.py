@@ -14,9 +14,15 @@ sys.path.insert(0, str(ROOT / "bench"))
 import harness  # noqa: E402
 
 KEYS = {"collective", "impl", "size", "count", "type", "redop", "inplace", "time_us", "algbw",
-        "busbw", "wrong", "nranks", "device"}
+        "busbw", "wrong", "nranks", "device", "p50_us", "p99_us", "calls"}
 COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "gather",
                "scatter"]
+
+
+def test_percentiles_interpolate_between_ranks():
+    assert harness.percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert harness.percentile([1.0, 2.0], 50) == 1.5
+    assert harness.percentile(list(map(float, range(101))), 99) == 99.0
 
 
 def test_sizes_parse_like_nccl_tests():
@@ -63,6 +69,7 @@ def test_run_writes_checked_records(tmp_path):
         assert r["wrong"] == 0, r
         assert r["nranks"] == 2 and r["device"] == "cpu" and r["type"] == "float"
         assert r["time_us"] > 0 and r["busbw"] >= 0
+        assert 0 < r["p50_us"] <= r["p99_us"] and r["calls"] == 2  # -n 2, one round
     # In-place only where the API is in place; both variants for the rest.
     variants = {(r["collective"], r["inplace"]) for r in records}
     assert ("all_reduce", False) not in variants and ("all_gather", False) in variants
