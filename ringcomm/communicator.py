@@ -14,6 +14,9 @@ from .stats import CommStats, from_traffic
 
 _P = _C.Primitive
 _RING = _C.Algorithm.ring
+# Set on the worker thread while it runs a queued call: calls made from there run at once
+# (they are already in order) instead of queueing behind themselves.
+_on_worker = threading.local()
 
 
 class Communicator(PointToPoint):
@@ -328,7 +331,7 @@ class Communicator(PointToPoint):
         algorithm asked for (ranks must ask for the same)."""
         if not (self.debug or self.check_finite):
             return
-        if self._last is not None:
+        if self._last is not None and not getattr(_on_worker, "active", False):
             self._last.result()  # queued async collectives use the ring first
         first_bad = checks.first_non_finite(data) if self.check_finite and data is not None else -1
         # Collectives without an op carry SUM in their messages' headers.
@@ -359,7 +362,8 @@ class Communicator(PointToPoint):
         self._lock.acquire()  # not `with`, which costs twice as much
         try:
             comm = self._cpu
-            if comm is None or self._last is not None:
+            if comm is None or (self._last is not None and
+                                not getattr(_on_worker, "active", False)):
                 return False
             getattr(comm, name)(*args)
             return True
@@ -384,25 +388,38 @@ class Communicator(PointToPoint):
             return work.completed(result, torch.device("cuda", buf.device_index)) if async_op else result
         if not (async_op or extra) and self._now(name, args):
             return result
-        if not async_op and (self._last is None or self._last.done()):
-            self._last = None  # nothing queued: _now may run the next calls directly
+        if not async_op and (self._last is None or self._last.done() or
+                             getattr(_on_worker, "active", False)):
+            if self._last is not None and self._last.done():
+                self._last = None  # nothing queued: _now may run the next calls directly
             self._call(buf, name, args, extra)
             return result
+        future = self._submit(lambda: self._call(buf, name, args, extra), result)
+        if not async_op:  # queued behind async work: keep the order, then wait
+            return future.wait()
+        return work.Work(future)
+
+    def _submit(self, call, result):
+        """Queues `call` on the worker thread, after every call queued before; returns a
+        torch Future that holds `result` once `call` has run (or its exception). Collectives
+        that `call` makes run at once, in its place in the queue."""
         if self._worker is None:
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="ringcomm")
         future = torch.futures.Future()
 
         def task():
+            _on_worker.active = True
             try:
-                self._call(buf, name, args, extra)
+                call()
                 future.set_result(result)
             except Exception as error:  # delivered to whoever waits on the future
                 future.set_exception(error)
+            finally:
+                _on_worker.active = False
 
         self._last = self._worker.submit(task)
-        if not async_op:  # queued behind async work: keep the order, then wait
-            return future.wait()
-        return work.Work(future)
+        return future
+
 
 class _CpuOnly:
     device, device_index = "cpu", -1

@@ -5,10 +5,12 @@
 collective to it: calls from Python (``dist.all_reduce``) reach these methods directly, calls
 from C++ (DDP's reducer, functional collectives) through torch's Python process-group trampoline.
 
-Collectives run to completion before they return (the shared-memory ring is driven by the
-calling thread), so ``async_op=True`` yields an already-completed Work. Synchronous calls from
-Python return None, which ``torch.distributed`` accepts: nothing is allocated for a Work that
-would only be waited on.
+Synchronous calls run on the calling thread and, from Python, return None, which
+``torch.distributed`` accepts: nothing is allocated for a Work that would only be waited on.
+Asynchronous calls on CPU tensors (``async_op=True``, and every call DDP's reducer makes) are
+queued in call order on the communicator's worker thread and return at once, so DDP overlaps
+the backward pass with the buckets' all_reduce as it does on gloo; a synchronous call waits for
+the queued ones first. CUDA calls are ordered on the current stream instead.
 """
 from concurrent.futures import ThreadPoolExecutor
 
@@ -135,12 +137,16 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         # more (see Communicator._now); the rest takes the checked route.
         op = _op(opts, "all_reduce")
         comm = self.communicator
-        for t in tensors:
-            fast = cpu_array(t)  # then wire_dtype, scale, stream and algorithm, positionally
-            if fast is None or not comm._now("all_reduce", (*fast, op, None, 1.0, 0, comm._algorithm)):
-                with _Contiguous(t) as c:
-                    comm.all_reduce(c, op.name)
-        return _finish(opts, tensors)
+
+        def body():
+            for t in tensors:
+                fast = cpu_array(t)  # then wire_dtype, scale, stream and algorithm, positionally
+                if fast is None or not comm._now("all_reduce",
+                                                 (*fast, op, None, 1.0, 0, comm._algorithm)):
+                    with _Contiguous(t) as c:
+                        comm.all_reduce(c, op.name)
+
+        return self._collective(opts, tensors, body)
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
@@ -148,65 +154,88 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
     def broadcast(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
         comm = self.communicator
-        for t in tensors:
-            fast = cpu_array(t)
-            if fast is None or not comm._now("broadcast", (*fast, root)):
-                with _Contiguous(t) as c:
-                    comm.broadcast(c, root)
-        return _finish(opts, tensors)
+
+        def body():
+            for t in tensors:
+                fast = cpu_array(t)
+                if fast is None or not comm._now("broadcast", (*fast, root)):
+                    with _Contiguous(t) as c:
+                        comm.broadcast(c, root)
+
+        return self._collective(opts, tensors, body)
 
     def reduce(self, tensors, opts):
         op = _op(opts, "reduce")
-        for t in tensors:
-            with _Contiguous(t) as c:
-                self.communicator.reduce(c, opts.rootRank, op.name)
-        return _finish(opts, tensors)
+
+        def body():
+            for t in tensors:
+                with _Contiguous(t) as c:
+                    self.communicator.reduce(c, opts.rootRank, op.name)
+
+        return self._collective(opts, tensors, body)
 
     def all_gather_single(self, output, input, opts=None):
-        with _Contiguous(output) as out:
-            self.communicator.all_gather(out, input.contiguous())
-        return _finish(opts, [output])
+        def body():
+            with _Contiguous(output) as out:
+                self.communicator.all_gather(out, input.contiguous())
+
+        return self._collective(opts, [output], body)
 
     _allgather_base = all_gather_single
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
-        for output, input in zip(outputs, inputs, strict=True):
-            with _Contiguous(output) as out:
-                self.communicator.all_gather(out, input.contiguous())
-        return _finish(opts, outputs)
+        def body():
+            for output, input in zip(outputs, inputs, strict=True):
+                with _Contiguous(output) as out:
+                    self.communicator.all_gather(out, input.contiguous())
+
+        return self._collective(opts, outputs, body)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def allgather(self, output_lists, inputs, opts=None):
         for outputs, input in zip(output_lists, inputs, strict=True):
             self._check_list(outputs, input, "all_gather", "output_tensor_list")
-            flat = input.new_empty(self._world_size * input.numel())
-            self.communicator.all_gather(flat, input.contiguous())
-            _unflatten_into(flat, outputs)
-        return _finish(opts, output_lists)
+
+        def body():
+            for outputs, input in zip(output_lists, inputs, strict=True):
+                flat = input.new_empty(self._world_size * input.numel())
+                self.communicator.all_gather(flat, input.contiguous())
+                _unflatten_into(flat, outputs)
+
+        return self._collective(opts, inputs, body, output_lists)
 
     def allgather_coalesced(self, output_lists, inputs, opts=None):
-        flat_in = _flat(inputs)
-        flat_out = flat_in.new_empty(self._world_size * flat_in.numel())
-        self.communicator.all_gather(flat_out, flat_in)
-        for rank, outputs in enumerate(output_lists):  # output_lists[r]: rank r's inputs
-            _unflatten_into(flat_out[rank * flat_in.numel():(rank + 1) * flat_in.numel()], outputs)
-        return _finish(opts, output_lists)
+        def body():
+            flat_in = _flat(inputs)
+            flat_out = flat_in.new_empty(self._world_size * flat_in.numel())
+            self.communicator.all_gather(flat_out, flat_in)
+            for rank, outputs in enumerate(output_lists):  # output_lists[r]: rank r's inputs
+                _unflatten_into(flat_out[rank * flat_in.numel():(rank + 1) * flat_in.numel()],
+                                outputs)
+
+        return self._collective(opts, inputs, body, output_lists)
 
     def reduce_scatter_single(self, output, input, opts=None):
         op = _op(opts, "reduce_scatter")
-        with _Contiguous(output) as out:
-            self.communicator.reduce_scatter(out, input.contiguous(), op.name)
-        return _finish(opts, [output])
+
+        def body():
+            with _Contiguous(output) as out:
+                self.communicator.reduce_scatter(out, input.contiguous(), op.name)
+
+        return self._collective(opts, [output], body)
 
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         op = _op(opts, "reduce_scatter")
-        for output, input in zip(outputs, inputs, strict=True):
-            with _Contiguous(output) as out:
-                self.communicator.reduce_scatter(out, input.contiguous(), op.name)
-        return _finish(opts, outputs)
+
+        def body():
+            for output, input in zip(outputs, inputs, strict=True):
+                with _Contiguous(output) as out:
+                    self.communicator.reduce_scatter(out, input.contiguous(), op.name)
+
+        return self._collective(opts, outputs, body)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -214,34 +243,42 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         op = _op(opts, "reduce_scatter")
         for output, inputs in zip(outputs, input_lists, strict=True):
             self._check_list(inputs, output, "reduce_scatter", "input_list")
-            with _Contiguous(output) as out:
-                self.communicator.reduce_scatter(out, _flat(inputs), op.name)
-        return _finish(opts, outputs)
+
+        def body():
+            for output, inputs in zip(outputs, input_lists, strict=True):
+                with _Contiguous(output) as out:
+                    self.communicator.reduce_scatter(out, _flat(inputs), op.name)
+
+        return self._collective(opts, outputs, body)
 
     def gather(self, output_lists, inputs, opts):
         (input,) = inputs
         root = opts.rootRank
-        flat = None
         if self._rank == root:
-            (outputs,) = output_lists
-            self._check_list(outputs, input, "gather", "gather_list")
-            flat = input.new_empty(self._world_size * input.numel())
-        self.communicator.gather(flat, input.contiguous(), root)
-        if flat is not None:
-            _unflatten_into(flat, outputs)
-        return _finish(opts, output_lists)
+            self._check_list(output_lists[0], input, "gather", "gather_list")
+
+        def body():
+            flat = None
+            if self._rank == root:
+                flat = input.new_empty(self._world_size * input.numel())
+            self.communicator.gather(flat, input.contiguous(), root)
+            if flat is not None:
+                _unflatten_into(flat, output_lists[0])
+
+        return self._collective(opts, inputs, body, output_lists)
 
     def scatter(self, outputs, input_lists, opts):
         (output,) = outputs
         root = opts.rootRank
-        flat = None
         if self._rank == root:
-            (inputs,) = input_lists
-            self._check_list(inputs, output, "scatter", "scatter_list")
-            flat = _flat(inputs)
-        with _Contiguous(output) as out:
-            self.communicator.scatter(out, flat, root)
-        return _finish(opts, outputs)
+            self._check_list(input_lists[0], output, "scatter", "scatter_list")
+
+        def body():
+            flat = _flat(input_lists[0]) if self._rank == root else None
+            with _Contiguous(output) as out:
+                self.communicator.scatter(out, flat, root)
+
+        return self._collective(opts, outputs, body)
 
     def barrier(self, opts=None):
         # A barrier is an allreduce of nothing: every rank's first message needs every rank.
@@ -305,6 +342,17 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
                                   "debugging aid); use barrier")
 
     # -- helpers -------------------------------------------------------------------------------
+
+    def _collective(self, opts, tensors, body, result=None):
+        """Runs `body` now, or, for an asynchronous call on CPU tensors (``async_op=True``;
+        DDP's reducer and other C++ callers), queued in call order on the communicator's worker
+        thread, so the caller goes on (DDP: the backward pass) while it runs. The Work's
+        wait() raises what `body` raised; a later synchronous call runs after it."""
+        result = tensors if result is None else result
+        if opts is not None and opts.asyncOp and tensors and not tensors[0].is_cuda:
+            return _FutureWork(self.communicator._submit(body, result))
+        body()
+        return _finish(opts, result)
 
     def _p2p(self, kind, call, tensors, source=None):
         """Runs a send or recv on its own thread; the Work completes when it has. On CUDA it

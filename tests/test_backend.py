@@ -368,3 +368,46 @@ def test_bench_times_the_backend_path(tmp_path):
     assert len({r["collective"] for r in records}) == 7
     assert all(r["wrong"] == 0 for r in records), [r for r in records if r["wrong"]]
     assert "ringcomm/ringcomm-pg busbw" in proc.stdout
+
+
+def _async(rank, world_size, store_path):
+    as_ringcomm(rank, world_size, store_path, timeout=datetime.timedelta(seconds=60))
+    store = dist.distributed_c10d._get_default_store()
+    t = torch.full((1000,), float(rank + 1))
+    seen = {}
+    if rank == 1:  # joins only once rank 0 has seen its call return unfinished
+        store.wait(["returned"], datetime.timedelta(seconds=60))
+        dist.all_reduce(t)
+    else:
+        work = dist.all_reduce(t, async_op=True)
+        seen["done_at_return"] = work.is_completed()
+        seen["untouched_at_return"] = bool((t == 1.0).all())
+        store.set("returned", b"1")
+        work.wait()
+    seen["result"] = t[:3].tolist()
+    # Queued calls run in call order; a synchronous call runs after them; errors reach wait().
+    works = [dist.all_reduce(torch.full((10,), float(i)), async_op=True) for i in range(3)]
+    last = torch.ones(4)
+    dist.all_reduce(last)
+    seen["queued"] = [w.is_completed() for w in works] + [last.tolist()]
+    # A queued collective's error reaches wait() (here the ranks disagree on the count).
+    try:
+        if rank == 0:
+            dist.all_reduce(torch.ones(5), async_op=True).wait()
+        else:
+            dist.all_reduce(torch.ones(6))
+        seen["mismatch"] = None
+    except Exception as error:
+        seen["mismatch"] = type(error).__name__
+    return seen
+
+
+def test_async_all_reduce_returns_before_the_data_is_reduced(tmp_path):
+    """The backend queues async_op collectives on the communicator's worker: the call returns
+    while the peer has not even started, and wait() then gives the exact sum."""
+    results = launch(2, _async, str(tmp_path / "store"), timeout=120)
+    assert results[0]["done_at_return"] is False and results[0]["untouched_at_return"] is True
+    for seen in results:
+        assert seen["result"] == [3.0, 3.0, 3.0]
+        assert seen["queued"] == [True, True, True, [2.0, 2.0, 2.0, 2.0]]
+        assert seen["mismatch"] == "MismatchError", seen
