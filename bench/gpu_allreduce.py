@@ -36,8 +36,9 @@ def _rank(rank, world, store_path, sizes_mib, iters, warmup, slices, out_path):
     if rank == 0:
         store.set("ringcomm-bench-id", _C.nccl_unique_id(cuda_backend.nccl_library_hint()))
     # Slots as large as the largest slice; each measurement sets the slice it wants.
+    # A short timeout: a hang costs the check seconds and still reports the rows before it.
     ring = _C.CudaRing(rank, world, 0, store.get("ringcomm-bench-id"), slice_bytes=max(slices),
-                       library_hint=cuda_backend.nccl_library_hint())
+                       timeout=20.0, library_hint=cuda_backend.nccl_library_hint())
     comm = _C.Communicator(rank, world, ring.transport, ring.reducer, max(slices))
     ring.release()
     rows = []

@@ -1,18 +1,19 @@
 """The prepared GPU check: one bounded run on a fresh single-GPU machine that returns everything.
 
 Stages run in order under one global deadline (default 345 s, so the whole check with its
-kill-after slack and the final bundling stays under 6 minutes): environment, build, ringcomm's
-view of CUDA/NCCL, kernel bandwidth (no NCCL: the one number a time-sliced GPU measures
-honestly), then world 2 (allreduce against NCCL, the GPU tests), then world 4 only while time
-is left. A stage that fails is recorded and the next one still runs; a stage past its limit is
+kill-after slack and the final bundling stays under 6 minutes), correctness first: the plan and
+the verdict rules are bench/gpu_check_plan.py. A stage that fails is recorded and the next one
+still runs, except after a failed build (nothing left to test); a stage past its limit is
 interrupted (SIGINT: pytest still reports what ran), then killed KILL_AFTER seconds later.
 
 $OUT receives at most three files, each rewritten after every stage, so a run cut short still
-reports: summary.json (exit codes, seconds, results), check.log (every stage's output) and
-bundle.tar.gz (JUnit XML, NCCL_DEBUG=INFO files, per-stage JSON).
+reports: summary.json (verdict "pass", "fail" or "incomplete"; tests_planned in run order; per
+stage its exit code, seconds and what ran, passed, failed and skipped; results), check.log
+(every stage's output) and bundle.tar.gz (JUnit XML, NCCL_DEBUG=INFO files, per-stage JSON).
 
     OUT=/tmp/out bash bench/gpu_check.sh            # the real check (on the GPU machine)
     OUT=/tmp/out bash bench/gpu_check.sh --dry-run  # the stage logic here, commands stubbed
+    OUT=/tmp/out bash bench/gpu_check.sh --dry-run --fail-stage build   # a simulated failure
 
 If the image may lack pybind11 (the build needs it), copy it into build/pydeps first and carry
 that folder: cp -r "$(python -c 'import pybind11, os; print(os.path.dirname(pybind11.__file__))')"
@@ -32,18 +33,18 @@ import tempfile
 import threading
 import time
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass, field
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_check_plan import BUDGET, plan, planned_tests, stage_counts, verdict  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 KILL_AFTER = 5
 # Build-time Python packages the image may lack (pybind11 is no dependency of torch, and there is
 # no network there): a session copies them here (an ignored folder) and carries it to the lease.
 PYDEPS = ROOT / "build" / "pydeps"
-BUDGET = 345        # seconds for all stages; + KILL_AFTER + bundling stays under 360
 MAX_DEBUG_BYTES = 2 << 20  # per NCCL debug file in the bundle (the lease returns <= 16 MiB)
 OUTPUT_FILES = ("summary.json", "check.log", "bundle.tar.gz")
-DRY_JUNIT = '<testsuites><testsuite tests="1" failures="0" errors="0" skipped="0"/></testsuites>'
 
 # Printed by the environment stage, and parsed from its last line into the summary.
 ENV_PROBE = r"""
@@ -124,19 +125,6 @@ print("INFO_JSON " + json.dumps(info))
 """
 
 
-@dataclass
-class Stage:
-    name: str
-    limit: float                 # seconds at most
-    argv: list
-    env: dict = field(default_factory=dict)
-    result: str = None           # JSON file the stage writes (folded into the summary)
-    marker: str = None           # or a line prefix whose JSON the stage prints
-    junit: str = None            # JUnit XML the stage writes (test counts go to the summary)
-    optional: bool = False       # world-4 stages: run only when the whole limit still fits
-    needs_gpu: bool = True       # False: runs for real in a dry run too (the environment probe)
-
-
 def cuda_home():
     """CUDA_HOME (or CUDA_PATH) from the environment, else from nvcc's real path
     (toolkit/bin/nvcc), else the conventional folder (nvcc may be a wrapper script)."""
@@ -151,49 +139,32 @@ def cuda_home():
     return "/usr/local/cuda"
 
 
-def plan(python, work, pytest_timeout=True):
-    """The stages, in order. `work` holds everything that goes into the bundle."""
-    py = [python]
-    # -v: every test's outcome is in check.log as it finishes, even if the stage is killed.
-    tests = py + ["-m", "pytest", "tests/test_gpu.py", "-v", "-rA", "--durations=0", "-p",
-                  "no:cacheprovider"] + (["--timeout=90"] if pytest_timeout else [])
-    allreduce = py + ["bench/gpu_allreduce.py", "--mib", "64", "256", "--slices-mib", "1", "4",
-                      "16", "32"]
-    return [
-        Stage("env", 25, py + ["-c", ENV_PROBE], marker="ENV_JSON ", needs_gpu=False),
-        Stage("build", 110, py + ["setup.py", "build_ext", "--inplace"]),
-        Stage("info", 20, py + ["-c", INFO_PROBE], marker="INFO_JSON "),
-        # The whole GPU for the kernels, as for the copy they are compared with (in the ring
-        # they leave RINGCOMM_NCCL_SMS to NCCL).
-        Stage("kernels", 45, py + ["bench/gpu_kernels.py", "--mib", "256", "--json",
-                                   str(work / "kernels.json")], result="kernels.json",
-              env={"RINGCOMM_NCCL_SMS": "0"}),
-        Stage("allreduce2", 60, allreduce + ["--world", "2", "--json",
-                                             str(work / "allreduce2.json")], result="allreduce2.json"),
-        Stage("tests2", 100, tests + [f"--junitxml={work / 'tests2.xml'}"],
-              env={"RINGCOMM_TEST_WORLDS": "2"}, junit="tests2.xml"),
-        Stage("allreduce4", 50, allreduce + ["--world", "4", "--json",
-                                             str(work / "allreduce4.json")],
-              result="allreduce4.json", optional=True),
-        Stage("tests4", 100, tests + ["-k", "every_primitive or wire_all_reduce",
-                                      f"--junitxml={work / 'tests4.xml'}"],
-              env={"RINGCOMM_TEST_WORLDS": "4"}, junit="tests4.xml", optional=True),
-    ]
+def dry_junit(stage, failing):
+    """A stand-in JUnit file: the stage's tests, all passed, or the first failed."""
+    cases = "".join(
+        f'<testcase classname="dry" name="{test}">'
+        + ('<failure message="simulated"/>' if failing and i == 0 else "") + "</testcase>"
+        for i, test in enumerate(stage.tests))
+    return (f'<testsuites><testsuite tests="{len(stage.tests)}" failures="{int(failing)}" '
+            f'errors="0" skipped="0">{cases}</testsuite></testsuites>')
 
 
-def dry_stub(stage, work, python):
+def dry_stub(stage, work, python, failing=False):
     """What a stage runs in a dry run: it says what it would run and writes a stand-in result,
-    so the bookkeeping (limits, summary, bundle) is exercised without a GPU."""
+    so the bookkeeping (limits, summary, verdict, bundle) is exercised without a GPU. A
+    `failing` stage exits 1 (its first test fails)."""
     stand_in = json.dumps({"dry_run": True})
     lines = [f"print('dry run: would run', {' '.join(stage.argv[:6])!r}, flush=True)"]
     if stage.result:
         lines.append(f"open({str(work / stage.result)!r}, 'w').write({stand_in!r})")
     if stage.junit:
-        lines.append(f"open({str(work / stage.junit)!r}, 'w').write({DRY_JUNIT!r})")
+        lines.append(f"open({str(work / stage.junit)!r}, 'w').write({dry_junit(stage, failing)!r})")
     if stage.marker:
         lines.append(f"print({stage.marker + stand_in!r})")
     seconds = float(os.environ.get("RINGCOMM_GPU_CHECK_DRY_SLEEP", "0"))
     lines.append(f"import time; time.sleep({seconds})")
+    if failing:
+        lines.append("raise SystemExit('dry run: simulated failure')")
     return [python, "-c", "\n".join(lines)]
 
 
@@ -213,17 +184,20 @@ def junit_counts(path):
 
 
 class Check:
-    def __init__(self, out, python, dry=False, budget=BUDGET, on_summary=None):
+    def __init__(self, out, python, dry=False, budget=BUDGET, on_summary=None, fail_stage=None):
         self.out = Path(out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.work = Path(tempfile.mkdtemp(prefix="gpu_check_"))
         self.python = python
         self.dry = dry
+        self.fail_stage = fail_stage
+        self.stages = []
         self.start = time.monotonic()
         self.deadline = self.start + budget
         self.on_summary = on_summary
         self.log = open(self.out / "check.log", "w")
-        self.summary = {"dry_run": dry, "budget_s": budget, "stages": [], "results": {},
+        self.summary = {"verdict": "incomplete", "dry_run": dry, "budget_s": budget,
+                        "tests_planned": [], "stages": [], "results": {},
                         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
 
     def elapsed(self):
@@ -296,7 +270,9 @@ class Check:
             self.say(f"== {stage.name}: skipped, {left:.0f} s left")
             return self.finish(stage, record, "")
         limit = min(stage.limit, left)
-        argv = dry_stub(stage, self.work, self.python) if self.dry and stage.needs_gpu else stage.argv
+        failing = self.dry and stage.name == self.fail_stage
+        stub = self.dry and (stage.needs_gpu or failing)
+        argv = dry_stub(stage, self.work, self.python, failing) if stub else stage.argv
         self.say(f"== {stage.name} (limit {limit:.0f} s, t={self.elapsed()} s)"
                  f"{' stubbed (dry run)' if argv is not stage.argv else ''}: "
                  f"{' '.join(stage.argv)[:200]}")
@@ -318,7 +294,10 @@ class Check:
                 proc.wait(KILL_AFTER)
             except subprocess.TimeoutExpired:
                 self.signal(proc, signal.SIGKILL)
-                proc.wait()
+                try:
+                    proc.wait(KILL_AFTER)
+                except subprocess.TimeoutExpired:  # unkillable (stuck in the driver): move on
+                    record["unreaped"] = True
         self.signal(proc, signal.SIGKILL)  # ranks a failed test left behind hold the GPU
         reader.join(KILL_AFTER)
         record.update(rc=proc.returncode, timed_out=timed_out)
@@ -353,8 +332,12 @@ class Check:
                 self.summary["results"][stage.name] = json.loads((self.work / stage.result).read_text())
             except ValueError as error:
                 self.summary["results"][stage.name] = {"unreadable": str(error)}
+        junit = None
         if stage.junit and (self.work / stage.junit).exists():
-            self.summary["results"][stage.name] = junit_counts(self.work / stage.junit)
+            junit = self.summary["results"][stage.name] = junit_counts(self.work / stage.junit)
+        record["counts"] = stage_counts(record, junit)
+        self.summary["verdict"] = verdict(self.stages, self.summary["stages"]) \
+            if self.summary.get("finished") else "incomplete"
         self.write()
         return record
 
@@ -386,17 +369,28 @@ class Check:
         self.say(f"== gpu_check: python {self.python}, CUDA_HOME {env['CUDA_HOME']}, "
                  f"MPS {self.summary['mps']}, dry run {self.dry}")
         try:
-            stages = plan(self.python, self.work, pytest_timeout=self.dry or self.has_pytest_timeout(env))
-            for stage in stages:
+            probes = {"env": ENV_PROBE, "info": INFO_PROBE}
+            self.stages = plan(self.python, self.work, probes,
+                               pytest_timeout=self.dry or self.has_pytest_timeout(env))
+            self.summary["tests_planned"] = planned_tests(self.stages)
+            build_failed = False
+            for stage in self.stages:
+                if build_failed:  # nothing to test: every later stage would only skip
+                    self.finish(stage, {"name": stage.name, "limit_s": stage.limit,
+                                        "start_s": self.elapsed(), "rc": None,
+                                        "skipped": "build failed"}, "")
+                    continue
                 record = self.run_stage(stage, env)
                 if stage.name == "env":
                     found = self.summary["results"].get("env", {})
                     self.summary["multi_rank_path"] = found.get("multi_rank_path", "unknown")
-                if stage.name == "build" and record.get("rc") not in (0, None) and not self.dry:
-                    self.say("== build failed: later stages use whatever _C is already there")
+                if stage.name == "build" and record.get("rc") != 0:
+                    build_failed = True
+                    self.say("== build failed: the later stages are not run")
         finally:
             self.stop_mps()
             self.summary["finished"] = True
+            self.summary["verdict"] = verdict(self.stages, self.summary["stages"])
             self.write()
             self.log.close()
             shutil.rmtree(self.work, ignore_errors=True)
@@ -416,10 +410,15 @@ def main():
     parser.add_argument("--dry-run", action="store_true",
                         default=os.environ.get("RINGCOMM_GPU_CHECK_DRY", "") not in ("", "0"))
     parser.add_argument("--budget", type=float, default=BUDGET, help="seconds for all stages")
+    parser.add_argument("--fail-stage", help="dry run: make this stage fail (its first test)")
     args = parser.parse_args()
-    summary = Check(args.out, sys.executable, args.dry_run, args.budget).run()
+    if args.fail_stage and not args.dry_run:
+        parser.error("--fail-stage only simulates a failure in a dry run (--dry-run)")
+    summary = Check(args.out, sys.executable, args.dry_run, args.budget,
+                    fail_stage=args.fail_stage).run()
     codes = {s["name"]: s.get("rc") for s in summary["stages"]}
-    print(json.dumps(codes), summary["seconds"], "s; files:", sorted(os.listdir(args.out)))
+    print(f"verdict: {summary['verdict']};", json.dumps(codes), summary["seconds"], "s; files:",
+          sorted(os.listdir(args.out)))
 
 
 if __name__ == "__main__":

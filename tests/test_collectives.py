@@ -2,23 +2,16 @@
 
 One process launch per world size runs the whole sweep (dtype x op x count x in/out-of-place)
 and returns every mismatch, nccl-tests style (#wrong elements per case)."""
-import numpy as np
 import pytest
 import torch
 
+from collective_checks import VALID, Checker, counts_for
 from launcher import launch
-from sweep import DTYPES, OPS, make_input, op_valid, reduce_reference, wrong
+from sweep import DTYPES, OPS, op_valid
 
 BIG_PRIME = 1_000_003
 BIG_CASES = [(torch.float32, "sum"), (torch.float32, "avg"), (torch.bfloat16, "sum"),
              (torch.float16, "max"), (torch.int64, "bxor"), (torch.int8, "prod")]
-VALID = [(dtype, op) for dtype in DTYPES for op in OPS if op_valid(op, dtype)]
-
-
-def counts_for(n):
-    return sorted({0, 1, max(n - 1, 0), n + 1, 7, 1000})
-
-
 def one_dtype_per_op():
     """Every op once, the dtypes taking turns, so that every dtype shows up too."""
     cases = []
@@ -40,79 +33,6 @@ PLANS = {
     5: (VALID, counts_for(5), DTYPES, [(torch.float16, "max")]),
     8: (one_dtype_per_op(), counts_for(8), DTYPES, [(torch.float32, "sum")]),
 }
-
-
-class Checker:
-    def __init__(self, comm):
-        self.comm, self.rank, self.n = comm, comm.rank, comm.world_size
-        self.failures, self.cases = [], 0
-
-    def check(self, name, actual, expected):
-        self.cases += 1
-        bad = wrong(actual, expected)
-        if bad:
-            self.failures.append(f"rank {self.rank} {name}: #wrong {bad} of {expected.numel()}")
-
-    def reductions(self, count, dtype, op):
-        comm, r, n = self.comm, self.rank, self.n
-        tag = f"{dtype} {op} count {count}"
-        t = make_input(r, n, count, op, dtype)
-        comm.all_reduce(t, op=op)
-        self.check(f"all_reduce {tag}", t, reduce_reference(n, count, op, dtype))
-
-        # Element j of rank r's block is element r * count + j of the whole input.
-        full = reduce_reference(n, count, op, dtype, salt=r * count)
-        inp = make_input(r, n, n * count, op, dtype)
-        before = inp.clone()
-        out = torch.empty(count, dtype=dtype)
-        comm.reduce_scatter(out, inp, op=op)
-        self.check(f"reduce_scatter {tag}", out, full)
-        self.check(f"reduce_scatter input untouched {tag}", inp, before)
-        comm.reduce_scatter(inp[r * count:(r + 1) * count], inp, op=op)  # in place
-        self.check(f"reduce_scatter in-place {tag}", inp[r * count:(r + 1) * count], full)
-
-        root = count % n
-        t = make_input(r, n, count, op, dtype)
-        comm.reduce(t, dst=root, op=op)
-        want = reduce_reference(n, count, op, dtype) if r == root else make_input(r, n, count, op, dtype)
-        self.check(f"reduce dst={root} {tag}", t, want)
-
-    def copies(self, count, dtype):
-        comm, r, n = self.comm, self.rank, self.n
-        tag = f"{dtype} count {count}"
-        everyone = torch.cat([make_input(q, n, count, "sum", dtype, salt=q) for q in range(n)])
-        mine = make_input(r, n, count, "sum", dtype, salt=r)
-
-        out = torch.zeros(n * count, dtype=dtype)
-        comm.all_gather(out, mine)
-        self.check(f"all_gather {tag}", out, everyone)
-        out = torch.zeros(n * count, dtype=dtype)
-        out[r * count:(r + 1) * count] = mine
-        comm.all_gather(out, out[r * count:(r + 1) * count])  # in place
-        self.check(f"all_gather in-place {tag}", out, everyone)
-
-        for root in sorted({0, (count + 1) % n}):
-            t = make_input(r, n, count, "sum", dtype, salt=r)
-            comm.broadcast(t, src=root)
-            self.check(f"broadcast src={root} {tag}", t, make_input(root, n, count, "sum", dtype, salt=root))
-
-            out = torch.zeros(n * count, dtype=dtype) if r == root else None
-            comm.gather(out, mine, dst=root)
-            if r == root:
-                self.check(f"gather dst={root} {tag}", out, everyone)
-
-            out = torch.zeros(count, dtype=dtype)
-            comm.scatter(out, everyone.clone() if r == root else None, src=root)
-            self.check(f"scatter src={root} {tag}", out, everyone[r * count:(r + 1) * count])
-
-    def numpy_arrays(self):
-        comm, r, n = self.comm, self.rank, self.n
-        a = np.arange(10, dtype=np.int32) + r
-        comm.all_reduce(a, op="max")
-        self.check("numpy all_reduce", torch.from_numpy(a), torch.arange(10, dtype=torch.int32) + n - 1)
-        out = np.zeros(3 * n, dtype=np.float64)
-        comm.all_gather(out, np.full(3, float(r)))
-        self.check("numpy all_gather", torch.from_numpy(out), torch.arange(n, dtype=torch.float64).repeat_interleave(3))
 
 
 def sweep(rank, n, cases, counts, copy_dtypes, big):
@@ -207,3 +127,14 @@ def test_results_are_identical_across_slice_sizes_and_ranks(n):
     for rank in range(1, n):
         for k in range(0, len(reference[0]), 2):  # all_reduce outputs: identical on every rank
             assert torch.equal(reference[0][k], reference[rank][k])
+
+
+def test_the_gpu_checks_world2_sweep_is_exact_on_cpu():
+    """The GPU check's first test (tests/test_gpu.py: world2_sweep) run on CPU tensors: its
+    cases and references are proven before a GPU runs them."""
+    from test_gpu import world2_sweep
+
+    results = launch(2, world2_sweep, "cpu", timeout=600)
+    failures = [f for rank_failures, _ in results for f in rank_failures]
+    assert results[0][1] > 1000
+    assert not failures, f"{len(failures)} wrong cases, first: " + "\n".join(failures[:10])

@@ -24,6 +24,8 @@ pytestmark = [pytest.mark.gpu,
                                  reason="needs a CUDA GPU and ringcomm built with CUDA")]
 
 WORLDS = [int(w) for w in os.environ.get("RINGCOMM_TEST_WORLDS", "2,4").split(",") if w]
+# Every wait of a test's ring: short, so that a hang costs a test seconds, not minutes.
+RING_TIMEOUT = float(os.environ.get("RINGCOMM_TEST_RING_TIMEOUT", "20"))
 
 DTYPES = {
     "float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
@@ -353,7 +355,7 @@ def _on_ring(rank, world, body):
         store.set("ringcomm-nccl-id", _C.nccl_unique_id(hint))
     uid = store.get("ringcomm-nccl-id")
     # 1 MiB slices: ranks time-slice one GPU, so fewer, larger messages.
-    ring = _C.CudaRing(rank, world, 0, uid, slice_bytes=SLICE_BYTES, timeout=60.0,
+    ring = _C.CudaRing(rank, world, 0, uid, slice_bytes=SLICE_BYTES, timeout=RING_TIMEOUT,
                        library_hint=hint, publish_bytes=PUBLISH_BYTES)
     comm = _C.Communicator(rank, world, ring.transport, ring.reducer, SLICE_BYTES)
     try:
@@ -778,3 +780,111 @@ def test_one_hop_all_reduce_exact(world, name):
                      **ON_SHARED_GPU)
     if refused[0]:
         pytest.skip(f"refused on NCCL by the core: {refused[0]}")
+
+
+# -- the GPU check's first tests: every collective exact, then DDP and the torch backend ----------
+
+def world2_sweep(rank, world, device="cuda"):
+    """Every collective x dtype x op x awkward count through the public API on `device`
+    tensors, against exact references, in one launch (tests/collective_checks.py, as on the
+    CPU; tests/test_collectives.py runs this very function on the CPU)."""
+    import ringcomm
+    from collective_checks import VALID, Checker, counts_for
+    from sweep import DTYPES as SWEEP_DTYPES
+
+    if device == "cuda":
+        torch.cuda.set_device(0)
+    comm = ringcomm.Communicator(timeout=RING_TIMEOUT)
+    checker = Checker(comm, device)
+    for count in counts_for(world) + [65539]:
+        for dtype, op in VALID:
+            checker.reductions(count, dtype, op)
+        for dtype in SWEEP_DTYPES:
+            checker.copies(count, dtype)
+    for dtype, op in [(torch.float32, "sum"), (torch.bfloat16, "avg"), (torch.int8, "max")]:
+        checker.reductions((1 << 20) + 3, dtype, op)  # several slices, chunks off the 16 B grid
+    checker.copies((1 << 20) + 3, torch.float32)
+    comm.close()
+    return checker.failures, checker.cases
+
+
+@pytest.mark.timeout(150)
+def test_world2_every_collective_dtype_op_exact_in_one_launch():
+    results = launch(2, world2_sweep, timeout=140, **ON_SHARED_GPU)
+    failures = [f for rank_failures, _ in results for f in rank_failures]
+    assert results[0][1] > 1000, results[0][1]
+    assert not failures, f"{len(failures)} wrong cases, first: " + "\n".join(failures[:10])
+
+
+def _ddp_hook_against_stock(rank, world):
+    """A small model on the GPU: stock DDP (gloo, the launcher's group) and DDP with ringcomm's
+    allreduce_hook, from the same weights on the same data."""
+    import ringcomm
+    import ringcomm.ddp
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.cuda.set_device(0)
+    comm = ringcomm.Communicator(timeout=RING_TIMEOUT)
+    params = {}
+    for name in ("stock", "ringcomm"):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
+                                    torch.nn.Linear(64, 4)).cuda()
+        ddp = DDP(model, bucket_cap_mb=0.01)
+        if name == "ringcomm":
+            ddp.register_comm_hook(comm, ringcomm.ddp.allreduce_hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        for step in range(5):
+            g = torch.Generator(device="cuda").manual_seed(100 * step + rank)
+            x = torch.randn(16, 32, device="cuda", generator=g)
+            opt.zero_grad()
+            ddp(x).square().mean().backward()
+            opt.step()
+        params[name] = [p.detach().cpu() for p in model.parameters()]
+    comm.close()
+    return params
+
+
+def test_ddp_hook_on_cuda_matches_stock_ddp():
+    results = launch(2, _ddp_hook_against_stock, timeout=120, **ON_SHARED_GPU)
+    for rank, params in enumerate(results):
+        for stock, ours in zip(params["stock"], params["ringcomm"]):
+            assert torch.allclose(stock, ours, rtol=0, atol=1e-6), f"rank {rank}"
+
+
+def _backend_on_cuda(rank, world):
+    import datetime
+
+    import ringcomm  # noqa: F401  registers the backend
+    import torch.distributed as dist
+
+    torch.cuda.set_device(0)
+    group = dist.new_group(backend="ringcomm", timeout=datetime.timedelta(seconds=RING_TIMEOUT))
+    n = 1003
+    t = torch.arange(n, device="cuda", dtype=torch.float32) + rank
+    dist.all_reduce(t, group=group)
+    out = {"all_reduce": t.cpu()}
+    gathered = torch.empty(world * n, device="cuda")
+    dist.all_gather_into_tensor(gathered, t, group=group)
+    out["all_gather"] = gathered.cpu()
+    mine = torch.empty(n, device="cuda")
+    dist.reduce_scatter_tensor(mine, gathered, group=group)
+    out["reduce_scatter"] = mine.cpu()
+    b = torch.full((n,), float(rank), device="cuda")
+    dist.broadcast(b, src=1, group=group)
+    out["broadcast"] = b.cpu()
+    torch.cuda.synchronize()
+    dist.destroy_process_group(group)
+    return out
+
+
+def test_torch_backend_on_cuda():
+    results = launch(2, _backend_on_cuda, timeout=120, **ON_SHARED_GPU)
+    n = 1003
+    summed = 2 * torch.arange(n, dtype=torch.float32) + 1
+    for out in results:
+        assert torch.equal(out["all_reduce"], summed)
+        assert torch.equal(out["all_gather"], torch.cat([summed, summed]))
+        assert torch.equal(out["broadcast"], torch.ones(n))
+    for rank, out in enumerate(results):
+        assert torch.equal(out["reduce_scatter"], 2 * torch.cat([summed, summed])[rank * n:][:n])

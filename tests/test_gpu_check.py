@@ -1,7 +1,7 @@
 """bench/gpu_check: its stage logic, run here in dry-run mode (no GPU needed). The lease returns
 at most 8 files from $OUT, and a run cut short must still report: so at most 8 files, and
-summary.json rewritten after every stage; stages past their limit are killed, world-4 stages
-run only while time is left."""
+summary.json rewritten after every stage; stages past their limit are killed, optional stages
+run only while time is left; tests run by value, and one verdict says what the run showed."""
 import json
 import os
 import subprocess
@@ -13,6 +13,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 import gpu_check  # noqa: E402
+import gpu_check_plan  # noqa: E402
+from gpu_check_plan import Stage  # noqa: E402
+
+PROBES = {"env": "pass", "info": "pass"}
 
 
 def test_dry_run_through_the_script_bounds_the_output(tmp_path):
@@ -26,19 +30,79 @@ def test_dry_run_through_the_script_bounds_the_output(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["dry_run"] and summary["finished"]
     names = [s["name"] for s in summary["stages"]]
-    assert names[:4] == ["env", "build", "info", "kernels"], "kernel bandwidth first after build"
-    assert names.index("allreduce2") < names.index("allreduce4")
-    assert names.index("tests2") < names.index("tests4")
+    assert names[:4] == ["env", "build", "info", "tests_correct"], "correctness first"
+    assert names.index("tests_p2p_one_hop") < names.index("allreduce2") < names.index("kernels")
+    assert names.index("kernels") < names.index("allreduce4") < names.index("tests4")
     assert all(s["rc"] == 0 for s in summary["stages"]), summary["stages"]
+    assert summary["verdict"] == "pass"
+    planned = summary["tests_planned"]
+    assert planned[0].endswith("test_world2_every_collective_dtype_op_exact_in_one_launch")
+    assert planned.index("bench:allreduce2") < planned.index("bench:kernels")
     # The environment stage really ran: it names the interpreters and the NCCL it loaded.
     env_found = summary["results"]["env"]
     assert {"python", "python3", "nvcc"} <= env_found["which"].keys()
     assert summary["multi_rank_path"] == env_found.get("multi_rank_path", "unknown")
     assert summary["mps"].startswith("not started")
-    assert summary["results"]["tests2"]["tests"] == 1
+    correct = next(s for s in summary["stages"] if s["name"] == "tests_correct")
+    assert correct["counts"] == {"ran": 3, "passed": 3, "failed": 0, "skipped": 0}
     with tarfile.open(out / "bundle.tar.gz") as bundle:
-        assert {"kernels.json", "allreduce2.json", "tests2.xml"} <= set(bundle.getnames())
-    assert "== tests2" in (out / "check.log").read_text()
+        assert {"kernels.json", "allreduce2.json", "tests_correct.xml"} <= set(bundle.getnames())
+    assert "== tests_correct" in (out / "check.log").read_text()
+
+
+def test_mandatory_limits_fit_the_budget_and_every_gpu_test_is_planned(tmp_path):
+    stages = gpu_check_plan.plan(sys.executable, tmp_path, PROBES)
+    assert sum(s.limit for s in stages if not s.optional) <= gpu_check_plan.BUDGET
+    source = (ROOT / "tests" / "test_gpu.py").read_text()
+    planned = {test.split("::")[1] for s in stages for test in s.tests}
+    defined = {line.split("(")[0][4:] for line in source.splitlines()
+               if line.startswith("def test_")}
+    assert planned <= defined, planned - defined  # no node id that pytest would not find
+
+
+def _dry(tmp_path, *args):
+    out = tmp_path / "out"
+    proc = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), "--dry-run", *args],
+                          env={**os.environ, "OUT": str(out)}, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads((out / "summary.json").read_text())
+
+
+def test_a_failed_build_fails_the_check_and_stops_it(tmp_path):
+    summary = _dry(tmp_path, "--fail-stage", "build")
+    assert summary["verdict"] == "fail"
+    skipped = [s["name"] for s in summary["stages"] if s.get("skipped") == "build failed"]
+    assert skipped and skipped[0] == "info"
+
+
+def test_a_failing_test_stage_fails_the_check(tmp_path):
+    summary = _dry(tmp_path, "--fail-stage", "tests_failures")
+    assert summary["verdict"] == "fail"
+    stage = next(s for s in summary["stages"] if s["name"] == "tests_failures")
+    assert stage["counts"]["failed"] == 1 and stage["counts"]["ran"] == 3
+
+
+def test_verdict_rules():
+    stages = [Stage("build", 10, []), Stage("t", 10, [], tests=["a", "b"]),
+              Stage("opt", 10, [], tests=["c"], optional=True)]
+
+    def record(name, **fields):
+        counts = {"ran": 1, "passed": 1, "failed": 0, "skipped": 0}
+        counts.update(fields.pop("counts", {}))
+        return {"name": name, "rc": 0, "counts": counts, **fields}
+
+    ok = [record("build"), record("t", counts={"ran": 2, "passed": 2})]
+    assert gpu_check_plan.verdict(stages, ok) == "pass"  # an optional stage may be left out
+    every_test_skipped = [record("build"), record("t", counts={"ran": 0, "passed": 0,
+                                                               "skipped": 2})]
+    assert gpu_check_plan.verdict(stages, every_test_skipped) == "fail"
+    cut = [record("build"), record("t", timed_out=True, counts={"ran": 1})]
+    assert gpu_check_plan.verdict(stages, cut) == "incomplete"
+    not_reached = [record("build"), {"name": "t", "rc": None, "skipped": "not enough time"}]
+    assert gpu_check_plan.verdict(stages, not_reached) == "incomplete"
+    failed = ok + [record("opt", counts={"failed": 1, "passed": 0})]
+    assert gpu_check_plan.verdict(stages, failed) == "fail"
 
 
 def test_summary_is_rewritten_after_every_stage(tmp_path):
@@ -49,7 +113,7 @@ def test_summary_is_rewritten_after_every_stage(tmp_path):
         assert len(list((tmp_path / "out").iterdir())) <= 8
 
     gpu_check.Check(tmp_path / "out", sys.executable, dry=True, on_summary=seen).run()
-    stages = len(gpu_check.plan(sys.executable, tmp_path))
+    stages = len(gpu_check_plan.plan(sys.executable, tmp_path, PROBES))
     assert len(snapshots) == stages + 1  # once per stage, once at the end
     for k, summary in enumerate(snapshots[:-1]):
         assert len(summary["stages"]) == k + 1 and "finished" not in summary
@@ -59,13 +123,13 @@ def test_summary_is_rewritten_after_every_stage(tmp_path):
 def test_stages_past_their_limit_are_killed_and_late_stages_skipped(tmp_path, monkeypatch):
     py = sys.executable
     stages = [
-        gpu_check.Stage("hangs", 1, [py, "-c", "import time; print('started', flush=True); "
+        Stage("hangs", 1, [py, "-c", "import time; print('started', flush=True); "
                                                "time.sleep(60)"], needs_gpu=False),
-        gpu_check.Stage("ignores_int", 1, [py, "-c", "import signal, time; "
+        Stage("ignores_int", 1, [py, "-c", "import signal, time; "
                                                      "signal.signal(signal.SIGINT, signal.SIG_IGN); "
                                                      "time.sleep(60)"], needs_gpu=False),
-        gpu_check.Stage("fails", 5, [py, "-c", "raise SystemExit(3)"], needs_gpu=False),
-        gpu_check.Stage("world4", 60, [py, "-c", "pass"], needs_gpu=False, optional=True),
+        Stage("fails", 5, [py, "-c", "raise SystemExit(3)"], needs_gpu=False),
+        Stage("world4", 60, [py, "-c", "pass"], needs_gpu=False, optional=True),
     ]
     monkeypatch.setattr(gpu_check, "plan", lambda *args, **kwargs: stages)
     monkeypatch.setattr(gpu_check, "KILL_AFTER", 1)
@@ -110,7 +174,7 @@ def test_pytest_cut_short_still_reports_what_ran(tmp_path, monkeypatch):
     work = tmp_path / "work"
     work.mkdir()
     py = sys.executable
-    stage = gpu_check.Stage("tests", 15, [py, "-m", "pytest", str(tests), "-v", "-rA", "-p",
+    stage = Stage("tests", 15, [py, "-m", "pytest", str(tests), "-v", "-rA", "-p",
                                           "no:cacheprovider", f"--junitxml={work / 't.xml'}"],
                             junit="t.xml", needs_gpu=False)
     monkeypatch.setattr(gpu_check, "plan", lambda *args, **kwargs: [stage])

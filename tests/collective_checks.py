@@ -1,0 +1,99 @@
+"""Every primitive, checked against exact references (tests/sweep.py) on CPU or CUDA tensors:
+the sweep behind tests/test_collectives.py (CPU, several world sizes) and the GPU check's
+world-2 sweep (tests/test_gpu.py), nccl-tests style #wrong counts per case."""
+import numpy as np
+import torch
+
+from sweep import DTYPES, OPS, make_input, op_valid, reduce_reference, wrong
+
+VALID = [(dtype, op) for dtype in DTYPES for op in OPS if op_valid(op, dtype)]
+
+
+def counts_for(n):
+    """Awkward counts: 0, 1, fewer elements than ranks, one more than ranks, a prime, 1000."""
+    return sorted({0, 1, max(n - 1, 0), n + 1, 7, 1000})
+
+
+class Checker:
+    """Runs every primitive once per call on `device` tensors and records each case's #wrong
+    elements against the exact reference (computed on the CPU)."""
+
+    def __init__(self, comm, device="cpu"):
+        self.comm, self.rank, self.n = comm, comm.rank, comm.world_size
+        self.device = torch.device(device)
+        self.failures, self.cases = [], 0
+
+    def input(self, rank, count, op, dtype, salt=0):
+        return make_input(rank, self.n, count, op, dtype, salt).to(self.device)
+
+    def empty(self, count, dtype):
+        return torch.zeros(count, dtype=dtype, device=self.device)
+
+    def check(self, name, actual, expected):
+        self.cases += 1
+        if actual.is_cuda:
+            torch.cuda.synchronize()  # the collective is ordered on the stream, not done yet
+        bad = wrong(actual.cpu(), expected.cpu())
+        if bad:
+            self.failures.append(f"rank {self.rank} {name}: #wrong {bad} of {expected.numel()}")
+
+    def reductions(self, count, dtype, op):
+        comm, r, n = self.comm, self.rank, self.n
+        tag = f"{dtype} {op} count {count}"
+        t = self.input(r, count, op, dtype)
+        comm.all_reduce(t, op=op)
+        self.check(f"all_reduce {tag}", t, reduce_reference(n, count, op, dtype))
+
+        # Element j of rank r's block is element r * count + j of the whole input.
+        full = reduce_reference(n, count, op, dtype, salt=r * count)
+        inp = self.input(r, n * count, op, dtype)
+        before = inp.clone()
+        out = self.empty(count, dtype)
+        comm.reduce_scatter(out, inp, op=op)
+        self.check(f"reduce_scatter {tag}", out, full)
+        self.check(f"reduce_scatter input untouched {tag}", inp, before)
+        comm.reduce_scatter(inp[r * count:(r + 1) * count], inp, op=op)  # in place
+        self.check(f"reduce_scatter in-place {tag}", inp[r * count:(r + 1) * count], full)
+
+        root = count % n
+        t = self.input(r, count, op, dtype)
+        comm.reduce(t, dst=root, op=op)
+        want = reduce_reference(n, count, op, dtype) if r == root else make_input(r, n, count, op, dtype)
+        self.check(f"reduce dst={root} {tag}", t, want)
+
+    def copies(self, count, dtype):
+        comm, r, n = self.comm, self.rank, self.n
+        tag = f"{dtype} count {count}"
+        everyone = torch.cat([self.input(q, count, "sum", dtype, salt=q) for q in range(n)])
+        mine = self.input(r, count, "sum", dtype, salt=r)
+
+        out = self.empty(n * count, dtype)
+        comm.all_gather(out, mine)
+        self.check(f"all_gather {tag}", out, everyone)
+        out = self.empty(n * count, dtype)
+        out[r * count:(r + 1) * count] = mine
+        comm.all_gather(out, out[r * count:(r + 1) * count])  # in place
+        self.check(f"all_gather in-place {tag}", out, everyone)
+
+        for root in sorted({0, (count + 1) % n}):
+            t = self.input(r, count, "sum", dtype, salt=r)
+            comm.broadcast(t, src=root)
+            self.check(f"broadcast src={root} {tag}", t, self.input(root, count, "sum", dtype, salt=root))
+
+            out = self.empty(n * count, dtype) if r == root else None
+            comm.gather(out, mine, dst=root)
+            if r == root:
+                self.check(f"gather dst={root} {tag}", out, everyone)
+
+            out = self.empty(count, dtype)
+            comm.scatter(out, everyone.clone() if r == root else None, src=root)
+            self.check(f"scatter src={root} {tag}", out, everyone[r * count:(r + 1) * count])
+
+    def numpy_arrays(self):
+        comm, r, n = self.comm, self.rank, self.n
+        a = np.arange(10, dtype=np.int32) + r
+        comm.all_reduce(a, op="max")
+        self.check("numpy all_reduce", torch.from_numpy(a), torch.arange(10, dtype=torch.int32) + n - 1)
+        out = np.zeros(3 * n, dtype=np.float64)
+        comm.all_gather(out, np.full(3, float(r)))
+        self.check("numpy all_gather", torch.from_numpy(out), torch.arange(n, dtype=torch.float64).repeat_interleave(3))
