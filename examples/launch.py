@@ -1,13 +1,56 @@
 """Starts an example's ranks: under torchrun as they are, else as local processes (fork) joined
-by a gloo default group over a file store. Also the few helpers the examples share."""
+by a gloo default group over a file store. Also what the training examples share: their
+common options, the timed training loop, the model and data, and the comparisons."""
+import argparse
 import os
 import statistics
 import sys
 import tempfile
+import time
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+import torch.nn as nn
+
+
+def arguments(doc, width=512):
+    """The options every training example takes; add its own, then parse_args()."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--ranks", type=int, default=2, help="local processes (ignored under torchrun)")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3, help="steps left out of the step time")
+    p.add_argument("--width", type=int, default=width, help="hidden width")
+    p.add_argument("--batch", type=int, default=32, help="samples per rank per step")
+    return p
+
+
+def mlp(args, inputs=64, outputs=10):
+    """The examples' model, the same weights on every rank and in every run."""
+    torch.manual_seed(0)
+    layers = [nn.Linear(inputs, args.width), nn.ReLU()]
+    for _ in range(args.layers - 1):
+        layers += [nn.Linear(args.width, args.width), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(args.width, outputs))
+
+
+def classification_batch(args, rank, step):
+    """Rank `rank`'s samples of step `step` (different on every rank) and their labels."""
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(args.batch, 64, generator=g)
+    return x, (x[:, :10] > 0).float().argmax(1)
+
+
+def timed_steps(args, step):
+    """Runs step(i) -> loss for every step; (losses, step times after the warm-up)."""
+    losses, times = [], []
+    for i in range(args.steps):
+        start = time.perf_counter()
+        loss = step(i)
+        if i >= args.warmup:
+            times.append(time.perf_counter() - start)
+        losses.append(loss.item())
+    return losses, times
 
 
 def run(main, args, ranks):

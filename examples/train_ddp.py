@@ -24,17 +24,19 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import ringcomm
-import ringcomm.ddp
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import launch  # noqa: E402
+
+import ringcomm  # noqa: E402
+import ringcomm.ddp  # noqa: E402
 
 HOOKS = ("allreduce_hook", "bf16_hook", "fp16_hook")
 WIRE = {"bf16_hook": torch.bfloat16, "fp16_hook": torch.float16}
@@ -191,28 +193,6 @@ def report(args, world_size, threads, runs, all_medians, errors, numel):
         print(label.ljust(label_width) + f"{max_abs:12.3e}{rel:14.3e}")
 
 
-def _spawned(rank, world_size, store_path, args):
-    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank,
-                            world_size=world_size)
-    try:
-        run(rank, world_size, args)
-    finally:
-        dist.destroy_process_group()
-
-
-def main(argv=None):
-    args = parse_args(argv)
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun
-        dist.init_process_group("gloo")
-        try:
-            run(dist.get_rank(), dist.get_world_size(), args)
-        finally:
-            dist.destroy_process_group()
-        return
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(_spawned, args=(args.ranks, os.path.join(tmp, "store"), args),
-                           nprocs=args.ranks, start_method="fork" if sys.platform == "linux" else "spawn")
-
-
 if __name__ == "__main__":
-    main()
+    arguments = parse_args()
+    launch.run(run, arguments, arguments.ranks)

@@ -11,9 +11,7 @@ to the reference and between the backends, and the median step time of both back
     python examples/train_tp.py --ranks 4 --width 1024
     torchrun --nproc-per-node 2 examples/train_tp.py
 """
-import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -32,13 +30,8 @@ BACKENDS = ("gloo", "ringcomm")
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--ranks", type=int, default=2, help="local processes (ignored under torchrun)")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=3, help="steps left out of the step time")
-    p.add_argument("--width", type=int, default=512, help="hidden width (a multiple of ranks)")
+    p = launch.arguments(__doc__)
     p.add_argument("--blocks", type=int, default=2, help="MLP blocks (colwise then rowwise)")
-    p.add_argument("--batch", type=int, default=32)
     return p.parse_args(argv)
 
 
@@ -65,17 +58,16 @@ def batch(args, step):
 def train(args, model):
     """(losses, step times, final parameters as full tensors) of plain SGD with momentum."""
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    losses, times = [], []
-    for step in range(args.steps):
-        x, y = batch(args, step)
-        start = time.perf_counter()
+
+    def step(i):
+        x, y = batch(args, i)
         opt.zero_grad()
         loss = nn.functional.mse_loss(model(x), y)
         loss.backward()
         opt.step()
-        if step >= args.warmup:
-            times.append(time.perf_counter() - start)
-        losses.append(loss.item())
+        return loss
+
+    losses, times = launch.timed_steps(args, step)
     params = [p.full_tensor() if hasattr(p, "full_tensor") else p.detach()
               for p in model.parameters()]
     return losses, times, params

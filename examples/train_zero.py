@@ -13,13 +13,10 @@ runs' losses, their largest difference, the optimizer state per rank and the ste
     python examples/train_zero.py --ranks 4 --width 1024
     torchrun --nproc-per-node 2 examples/train_zero.py
 """
-import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
@@ -31,28 +28,9 @@ import ringcomm  # noqa: E402
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--ranks", type=int, default=2, help="local processes (ignored under torchrun)")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=3, help="steps left out of the step time")
-    p.add_argument("--width", type=int, default=512)
+    p = launch.arguments(__doc__)
     p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--batch", type=int, default=32, help="samples per rank per step")
     return p.parse_args(argv)
-
-
-def make_model(args):
-    torch.manual_seed(0)
-    layers = [nn.Linear(64, args.width), nn.ReLU()]
-    for _ in range(args.layers - 1):
-        layers += [nn.Linear(args.width, args.width), nn.ReLU()]
-    return nn.Sequential(*layers, nn.Linear(args.width, 10))
-
-
-def batch(args, rank, step):
-    g = torch.Generator().manual_seed(1000 * step + rank)
-    x = torch.randn(args.batch, 64, generator=g)
-    return x, (x[:, :10] > 0).float().argmax(1)
 
 
 def adam_state_bytes(opt):
@@ -88,38 +66,36 @@ class ZeroStep:
 
 
 def train_zero(args, rank, comm):
-    model = make_model(args)
+    model = launch.mlp(args)
     zero = ZeroStep(model, comm, lr=1e-3)
-    losses, times = [], []
-    for step in range(args.steps):
-        x, y = batch(args, rank, step)
-        start = time.perf_counter()
+
+    def step(i):
+        x, y = launch.classification_batch(args, rank, i)
         model.zero_grad(set_to_none=False)
         loss = nn.functional.cross_entropy(model(x), y)
         loss.backward()
         zero.step()
-        if step >= args.warmup:
-            times.append(time.perf_counter() - start)
-        losses.append(loss.item())
+        return loss
+
+    losses, times = launch.timed_steps(args, step)
     return losses, times, [p.detach().clone() for p in model.parameters()], \
         adam_state_bytes(zero.opt)
 
 
 def train_ddp(args, rank):
-    model = make_model(args)
+    model = launch.mlp(args)
     ddp = DDP(model)  # the default gloo group
     opt = torch.optim.Adam(ddp.parameters(), lr=1e-3)
-    losses, times = [], []
-    for step in range(args.steps):
-        x, y = batch(args, rank, step)
-        start = time.perf_counter()
+
+    def step(i):
+        x, y = launch.classification_batch(args, rank, i)
         opt.zero_grad()
         loss = nn.functional.cross_entropy(ddp(x), y)
         loss.backward()
         opt.step()
-        if step >= args.warmup:
-            times.append(time.perf_counter() - start)
-        losses.append(loss.item())
+        return loss
+
+    losses, times = launch.timed_steps(args, step)
     return losses, times, [p.detach().clone() for p in model.parameters()], adam_state_bytes(opt)
 
 
