@@ -78,15 +78,22 @@ def one_hop(names):
     return [n for n in names if n not in (REFERENCE, SELECTOR, BASELINE, "ringcomm")]
 
 
-def select(size, thresholds, fallback=REFERENCE):
-    """The algorithm thresholds pick: the first whose max_bytes covers `size`, else the fallback."""
-    for name, max_bytes in thresholds.items():
-        if size <= max_bytes:
-            return name
-    return fallback
+def select(size, thresholds, fallback=REFERENCE, collective="all_reduce", world=4):
+    """The algorithm `auto` runs at `size` with these thresholds ({algorithm: max_bytes}): the
+    communicator's own rule (_C.choose_algorithm), its 2-rank rule included. all_reduce's
+    thresholds are named after its algorithms; reduce_scatter and all_gather run one_shot up to
+    two_shot_max_bytes (one_shot is their two_shot half). An algorithm not measured reads as
+    the fallback."""
+    if collective == "all_reduce":
+        one_shot, two_shot = thresholds.get("one_shot", 0), thresholds.get("two_shot", 0)
+    else:
+        one_shot, two_shot = 0, thresholds.get("one_shot", 0)
+    chosen = ringcomm._C.choose_algorithm(ringcomm._C.Primitive.__members__[collective], size,
+                                          world, one_shot, two_shot).name
+    return chosen if chosen in thresholds else fallback
 
 
-def suggest_thresholds(times, candidates, fallback=REFERENCE):
+def suggest_thresholds(times, candidates, fallback=REFERENCE, collective="all_reduce", world=4):
     """{candidate: max_bytes} (0: never) minimising the summed log of (time picked / fastest time)
     over the measured sizes; `times` is {algorithm: {size: seconds}}, the candidates are tried
     in order below the fallback. Ties go to the smaller thresholds (the ring, the default)."""
@@ -99,12 +106,13 @@ def suggest_thresholds(times, candidates, fallback=REFERENCE):
     best = None
     for choice in itertools.product([0] + sizes, repeat=len(candidates)):
         thresholds = dict(zip(candidates, choice))
-        loss = sum(math.log(times[select(s, thresholds, fallback)][s] / fastest[s]) for s in sizes)
+        loss = sum(math.log(times[select(s, thresholds, fallback, collective, world)][s] /
+                            fastest[s]) for s in sizes)
         key = (round(loss, 9), choice)
         if best is None or key < best[0]:
             best = (key, thresholds)
     thresholds = best[1]
-    used = {select(s, thresholds, fallback) for s in sizes}
+    used = {select(s, thresholds, fallback, collective, world) for s in sizes}
     return {c: (t if c in used else 0) for c, t in thresholds.items()}
 
 
@@ -121,7 +129,7 @@ def _variant(records):
     return [r for r in records if r["inplace"] == inplace], inplace
 
 
-def analyse_collective(records):
+def analyse_collective(records, world=4):
     """Rows per size (median, spread, ratios, fastest), thresholds and the selector check for
     one collective's records."""
     records, inplace = _variant(records)
@@ -144,7 +152,9 @@ def analyse_collective(records):
     times = {n: {row["size"]: row["time_us"][n] for row in rows if n in row["time_us"]}
              for n in names}
     candidates = one_hop(names)
-    thresholds = suggest_thresholds(times, candidates) if REFERENCE in names else {}
+    collective = records[0]["collective"] if records else "all_reduce"
+    thresholds = suggest_thresholds(times, candidates, REFERENCE, collective, world) \
+        if REFERENCE in names else {}
     return {"inplace": inplace, "algorithms": names, "rows": rows, "thresholds": thresholds,
             "selector_violations": selector_violations(rows)}
 
@@ -197,7 +207,7 @@ def analyse(records, world):
     """{collective: analysis}, with the targets under all_reduce."""
     out = {}
     for coll in dict.fromkeys(r["collective"] for r in records):
-        out[coll] = analyse_collective([r for r in records if r["collective"] == coll])
+        out[coll] = analyse_collective([r for r in records if r["collective"] == coll], world)
         if coll == "all_reduce":
             out[coll]["targets"] = targets(out[coll]["rows"], world)
     return out

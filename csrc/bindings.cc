@@ -9,6 +9,7 @@
 #include "cpu/cpu_reducer.h"
 #include "cpu/shm_p2p.h"
 #include "cpu/shm_transport.h"
+#include "ringcomm/algorithms.h"
 #include "ringcomm/communicator.h"
 #include "ringcomm/error.h"
 #include "ringcomm/schedule.h"
@@ -157,9 +158,18 @@ PYBIND11_MODULE(_C, m) {
       py::arg("primitive"), py::arg("rank"), py::arg("world_size"), py::arg("count"),
       py::arg("root") = 0, py::arg("dtype") = py::none(), py::arg("wire_dtype") = py::none(),
       py::arg("algorithm") = Algorithm::Ring);
+  m.def(
+      "choose_algorithm",
+      [](Primitive primitive, size_t bytes, int worldSize, size_t oneShotMaxBytes,
+         size_t twoShotMaxBytes, bool publications) {
+        return chooseAlgorithm(primitive, bytes, worldSize, publications,
+                               AlgorithmThresholds{oneShotMaxBytes, twoShotMaxBytes});
+      },
+      py::arg("primitive"), py::arg("bytes"), py::arg("world_size"),
+      py::arg("one_shot_max_bytes"), py::arg("two_shot_max_bytes"),
+      py::arg("publications") = true, "What algorithm=auto runs (the communicator's own rule)");
   py::class_<Transport, std::shared_ptr<Transport>>(m, "Transport")
-      .def("abort", &Transport::abort)
-      .def_property_readonly("max_message_bytes", &Transport::maxMessageBytes);
+      .def("abort", &Transport::abort);
   py::class_<Reducer, std::shared_ptr<Reducer>>(m, "Reducer");
   py::class_<CpuReducer, Reducer, std::shared_ptr<CpuReducer>>(m, "CpuReducer").def(py::init<>());
 
@@ -214,8 +224,6 @@ PYBIND11_MODULE(_C, m) {
            py::arg("two_shot_max_bytes") = py::none())
       .def_property_readonly("rank", &Comm::rank)
       .def_property_readonly("world_size", &Comm::worldSize)
-      .def_property_readonly("sequence", &Comm::sequence)
-      .def_property_readonly("closed", &Comm::closed)
       .def_property_readonly("failure", &Comm::failure)
       .def_property("slice_bytes", &Comm::sliceBytes, &Comm::setSliceBytes)
       .def(

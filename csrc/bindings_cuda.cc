@@ -21,7 +21,6 @@ void bindCuda(py::module_& m) {
   auto release = py::call_guard<py::gil_scoped_release>();
   m.def("cuda_available", &cudaAvailable, "Whether a CUDA device is usable (False without a driver)");
   m.def("device_count", &cudaDeviceCount);
-  m.def("nccl_header_version", &ncclHeaderVersion);
   m.def("nccl_library", [](const std::string& hint) {
         return py::make_tuple(ncclLibraryPath(hint), ncclRuntimeVersion(hint));
       }, py::arg("hint") = "", "(path, version code) of the NCCL library ringcomm loads");

@@ -197,6 +197,17 @@ def test_thresholds_for_two_algorithms_in_their_order():
         ["one_shot", "one_shot", "two_shot", "two_shot", "ring"]
 
 
+def test_select_is_the_communicators_own_rule():
+    """tune.select asks _C.choose_algorithm: at 2 ranks two_shot saves no hop over the ring and
+    is never chosen; reduce_scatter runs one_shot up to the two_shot threshold."""
+    thresholds = {"one_shot": 512, "two_shot": 32768}
+    assert tune.select(2048, thresholds, world=4) == "two_shot"
+    assert tune.select(2048, thresholds, world=2) == "ring"
+    assert tune.select(512, thresholds, world=2) == "one_shot"
+    assert tune.select(2048, {"one_shot": 4096}, collective="reduce_scatter", world=4) == "one_shot"
+    assert tune.select(2048, {"one_shot": 4096}, collective="reduce_scatter", world=2) == "ring"
+
+
 def test_thresholds_never_and_always_and_ties():
     ring = [10] * 8
     assert tune.suggest_thresholds(_times(ring=ring, one_shot=[11] * 8), ["one_shot"]) == \

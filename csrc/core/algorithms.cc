@@ -2,9 +2,9 @@
 
 namespace ringcomm {
 
-Algorithm chooseAlgorithm(Primitive primitive, size_t bytes, int worldSize,
-                          const Transport& transport, const AlgorithmThresholds& thresholds) {
-  if (worldSize == 1 || transport.publishBytes() == 0) return Algorithm::Ring;
+Algorithm chooseAlgorithm(Primitive primitive, size_t bytes, int worldSize, bool publications,
+                          const AlgorithmThresholds& thresholds) {
+  if (worldSize == 1 || !publications) return Algorithm::Ring;
   // At 2 ranks the ring already takes two_shot's two hops (one for reduce_scatter and
   // all_gather) and copies less: only one_shot all_reduce saves a hop there.
   const bool saves = worldSize > 2;

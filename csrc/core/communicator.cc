@@ -93,7 +93,8 @@ Algorithm Communicator::resolveAlgorithm(Algorithm requested, Primitive primitiv
            " does not run ", primitiveName(primitive));
   if (worldSize_ == 1) return Algorithm::Ring;  // nothing to exchange either way
   if (requested == Algorithm::Auto)
-    return chooseAlgorithm(primitive, bytes, worldSize_, *transport_, options_.thresholds);
+    return chooseAlgorithm(primitive, bytes, worldSize_, transport_->publishBytes() > 0,
+                           options_.thresholds);
   RC_CHECK(!isOneHop(requested) || transport_->publishBytes() > 0, algorithmName(requested),
            " ", primitiveName(primitive),
            " needs a transport with publications (CPU shared memory); this device's has none: "

@@ -18,9 +18,12 @@
 
 namespace ringcomm {
 
+// The Python layer always passes every field, resolved by CommOptions (ringcomm/options.py:
+// fewer, smaller slots when ranks outnumber the cores); these are its defaults for a host with
+// a core per rank.
 struct ShmOptions {
-  size_t slotBytes = 256 * 1024;
-  uint32_t slotCount = 4;
+  size_t slotBytes = 64 * 1024;
+  uint32_t slotCount = 16;
   size_t publishBytes = 256 * 1024;  // per rank, phase and round (the board holds 4 of them)
   WaitPolicy wait;
 };

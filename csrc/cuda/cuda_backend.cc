@@ -27,8 +27,6 @@ int cudaDeviceCount() {
 
 bool cudaAvailable() { return cudaDeviceCount() > 0; }
 
-int ncclHeaderVersion() { return NCCL_VERSION_CODE; }
-
 std::string ncclLibraryPath(const std::string& hint) { return loadNccl(hint).path; }
 
 int ncclRuntimeVersion(const std::string& hint) { return loadNccl(hint).version; }

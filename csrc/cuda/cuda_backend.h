@@ -25,8 +25,6 @@ class Transport;
 bool cudaAvailable();
 int cudaDeviceCount();
 
-// NCCL_VERSION_CODE of the nccl.h this was built against, e.g. 23203.
-int ncclHeaderVersion();
 // Loads NCCL (see nccl_loader.h for the search order) and returns its path and version code.
 std::string ncclLibraryPath(const std::string& libraryHint);
 int ncclRuntimeVersion(const std::string& libraryHint);

@@ -5,13 +5,12 @@
 
 #include <cstddef>
 
-#include "ringcomm/transport.h"
 #include "ringcomm/types.h"
 
 namespace ringcomm {
 
 // Defaults, also CommOptions' (one_shot_max_bytes / two_shot_max_bytes override them), from
-// bench/tune.py on the 2-core development machine (docs/design.md): one_shot beat the ring up
+// bench/tune.py on 2 cores (docs/design.md, "Defaults"): one_shot beat the ring up
 // to 8 KiB at 4 ranks (0.7x at 8 B) and tied it at 2; two_shot and the one-hop halves never
 // beat it beyond the noise there, so auto leaves them off (0) until a machine with a core per
 // rank measures otherwise.
@@ -22,8 +21,9 @@ struct AlgorithmThresholds {
 };
 
 // `bytes`: the whole tensor of an all_reduce, the input of a reduce_scatter, the output of an
-// all_gather. Ring for everything else, for one rank, and on transports without publications.
-Algorithm chooseAlgorithm(Primitive primitive, size_t bytes, int worldSize,
-                          const Transport& transport, const AlgorithmThresholds& thresholds);
+// all_gather. Ring for everything else, for one rank, and on transports without publications
+// (`publications`: Transport::publishBytes() > 0). bench/tune.py asks this same function.
+Algorithm chooseAlgorithm(Primitive primitive, size_t bytes, int worldSize, bool publications,
+                          const AlgorithmThresholds& thresholds);
 
 }  // namespace ringcomm
