@@ -1,10 +1,13 @@
-// Point-to-point messages and all-to-all over the communicator's peer links. A message travels
-// in slot-sized pieces, each with an envelope naming the primitive, the pair's message number,
-// the tag (in `root`), the count and the piece's offset, so a receive that does not match what
-// was sent (another tag, another count, or an all-to-all against a recv) fails at once.
+// Point-to-point messages and all-to-all over the communicator's peer links. Through staging
+// links (shared memory) a message travels in slot-sized pieces, each with an envelope naming the
+// primitive, the pair's message number, the tag (in `root`), the count and the piece's offset,
+// so a receive that does not match what was sent (another tag, another count, or an
+// all-to-all against a recv) fails at once.
 // Links that move user buffers (NCCL) send each message whole, straight from and into the
-// caller's buffers; an all-to-all step's send and receive then share one NCCL group, so every
-// rank's k-th group holds its partners' k-th operations and the steps cannot deadlock.
+// caller's buffers, with no envelope: NCCL checks neither tags nor counts, so there a mismatch
+// is not detected (NCCL requires a send and its receive to name the same count; another tag
+// goes unnoticed). An all-to-all step's send and receive share one NCCL group, so every rank's
+// k-th group holds its partners' k-th operations and the steps cannot deadlock.
 #include <algorithm>
 
 #include "ringcomm/communicator.h"
