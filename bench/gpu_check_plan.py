@@ -7,7 +7,7 @@ peer or a skipped collective timing out), then point-to-point and the one-hop al
 speed (ringcomm against ncclAllReduce at 64 and 256 MiB), and only with time left the kernels'
 bandwidth, the remaining GPU tests and world 4. Mandatory stages' limits sum to the budget;
 optional ones run only when their whole limit still fits. Every ring the tests build waits at
-most RINGCOMM_TEST_RING_TIMEOUT (20 s) and pytest stops a test after 30 s (the sweep: 90 s), so
+most RINGCOMM_TEST_RING_TIMEOUT (20 s) and pytest stops a test after 30 s (the sweep: 75 s), so
 a hang costs about half a minute, not a stage.
 """
 from dataclasses import dataclass, field

@@ -808,35 +808,36 @@ def world2_sweep(rank, world, device="cuda"):
     return checker.failures, checker.cases
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(75)
 def test_world2_every_collective_dtype_op_exact_in_one_launch():
-    results = launch(2, world2_sweep, timeout=140, **ON_SHARED_GPU)
+    results = launch(2, world2_sweep, timeout=70, **ON_SHARED_GPU)
     failures = [f for rank_failures, _ in results for f in rank_failures]
     assert results[0][1] > 1000, results[0][1]
     assert not failures, f"{len(failures)} wrong cases, first: " + "\n".join(failures[:10])
 
 
-def _ddp_hook_against_stock(rank, world):
-    """A small model on the GPU: stock DDP (gloo, the launcher's group) and DDP with ringcomm's
-    allreduce_hook, from the same weights on the same data."""
+def ddp_hook_against_stock(rank, world, device="cuda"):
+    """A small model on `device`: stock DDP (gloo, the launcher's group) and DDP with
+    ringcomm's allreduce_hook, from the same weights on the same data."""
     import ringcomm
     import ringcomm.ddp
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    torch.cuda.set_device(0)
+    if device == "cuda":
+        torch.cuda.set_device(0)
     comm = ringcomm.Communicator(timeout=RING_TIMEOUT)
     params = {}
     for name in ("stock", "ringcomm"):
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
-                                    torch.nn.Linear(64, 4)).cuda()
+                                    torch.nn.Linear(64, 4)).to(device)
         ddp = DDP(model, bucket_cap_mb=0.01)
         if name == "ringcomm":
             ddp.register_comm_hook(comm, ringcomm.ddp.allreduce_hook)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
         for step in range(5):
-            g = torch.Generator(device="cuda").manual_seed(100 * step + rank)
-            x = torch.randn(16, 32, device="cuda", generator=g)
+            g = torch.Generator(device=device).manual_seed(100 * step + rank)
+            x = torch.randn(16, 32, device=device, generator=g)
             opt.zero_grad()
             ddp(x).square().mean().backward()
             opt.step()
@@ -846,40 +847,49 @@ def _ddp_hook_against_stock(rank, world):
 
 
 def test_ddp_hook_on_cuda_matches_stock_ddp():
-    results = launch(2, _ddp_hook_against_stock, timeout=120, **ON_SHARED_GPU)
+    check_ddp_hook_against_stock(launch(2, ddp_hook_against_stock, timeout=120, **ON_SHARED_GPU))
+
+
+def check_ddp_hook_against_stock(results):
     for rank, params in enumerate(results):
         for stock, ours in zip(params["stock"], params["ringcomm"]):
             assert torch.allclose(stock, ours, rtol=0, atol=1e-6), f"rank {rank}"
 
 
-def _backend_on_cuda(rank, world):
+def backend_collectives(rank, world, device="cuda"):
+    """A few collectives through dist.* on a "ringcomm" group, on `device` tensors."""
     import datetime
 
     import ringcomm  # noqa: F401  registers the backend
     import torch.distributed as dist
 
-    torch.cuda.set_device(0)
+    if device == "cuda":
+        torch.cuda.set_device(0)
     group = dist.new_group(backend="ringcomm", timeout=datetime.timedelta(seconds=RING_TIMEOUT))
     n = 1003
-    t = torch.arange(n, device="cuda", dtype=torch.float32) + rank
+    t = torch.arange(n, device=device, dtype=torch.float32) + rank
     dist.all_reduce(t, group=group)
     out = {"all_reduce": t.cpu()}
-    gathered = torch.empty(world * n, device="cuda")
+    gathered = torch.empty(world * n, device=device)
     dist.all_gather_into_tensor(gathered, t, group=group)
     out["all_gather"] = gathered.cpu()
-    mine = torch.empty(n, device="cuda")
+    mine = torch.empty(n, device=device)
     dist.reduce_scatter_tensor(mine, gathered, group=group)
     out["reduce_scatter"] = mine.cpu()
-    b = torch.full((n,), float(rank), device="cuda")
+    b = torch.full((n,), float(rank), device=device)
     dist.broadcast(b, src=1, group=group)
     out["broadcast"] = b.cpu()
-    torch.cuda.synchronize()
+    if device == "cuda":
+        torch.cuda.synchronize()
     dist.destroy_process_group(group)
     return out
 
 
 def test_torch_backend_on_cuda():
-    results = launch(2, _backend_on_cuda, timeout=120, **ON_SHARED_GPU)
+    check_backend_collectives(launch(2, backend_collectives, timeout=120, **ON_SHARED_GPU))
+
+
+def check_backend_collectives(results):
     n = 1003
     summed = 2 * torch.arange(n, dtype=torch.float32) + 1
     for out in results:
