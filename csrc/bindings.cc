@@ -34,6 +34,7 @@ py::dict planToDict(const Plan& plan) {
   for (const Range& chunk : plan.chunks) chunks.append(py::make_tuple(chunk.offset, chunk.count));
   for (const Step& step : plan.steps) {
     py::dict row;
+    row["kind"] = stepKindName(step.kind);
     row["recv_from"] = step.recvFrom;
     row["send_to"] = step.sendTo;
     row["read_from"] = step.readFrom;

@@ -9,8 +9,11 @@ from .options import ALGORITHM_PRIMITIVES, check_algorithm
 
 @dataclass(frozen=True)
 class Step:
-    """One step of one rank; see csrc/include/ringcomm/schedule.h for the semantics."""
+    """One step of one rank; see csrc/include/ringcomm/schedule.h for the semantics. `kind` is
+    its name as NCCL names ring steps (send, recv, recvReduceSend, recvReduceCopySend,
+    recvCopySend, ...; publish and read for the one-hop algorithms)."""
 
+    kind: str
     recv_from: int
     send_to: int
     read_from: int  # one-hop: whose publication of read_phase is read

@@ -332,3 +332,19 @@ def test_one_hop_schedule_text_view():
     assert [s.describe() for s in gather.steps[0]] == ["c0 =>p0", "c1 <=1:p0 keep"]
     with pytest.raises(ValueError, match="no 'two_shot' schedule for 'all_gather'"):
         ringcomm.schedule("all_gather", algorithm="two_shot")
+
+
+def test_steps_are_named_as_nccl_names_them():
+    """all_reduce on 4 ranks: reduce-scatter (send, recvReduceSend x2, recvReduceCopySend), then
+    allgather (recvCopySend x2, recv); chains close with an ack; one-hop plans publish and read."""
+    plan = ringcomm.schedule("all_reduce", world_size=4, count=16)
+    for steps in plan.steps:
+        assert [s.kind for s in steps] == ["send", "recvReduceSend", "recvReduceSend",
+                                           "recvReduceCopySend", "recvCopySend", "recvCopySend",
+                                           "recv"]
+    rs = ringcomm.schedule("reduce_scatter", world_size=3, count=4)
+    assert [s.kind for s in rs.steps[0]] == ["send", "recvReduceSend", "recvReduceCopy"]
+    chain = ringcomm.schedule("broadcast", world_size=3, count=4)
+    assert {s.kind for steps in chain.steps for s in steps} >= {"send", "recvCopySend", "ack"}
+    one_shot = ringcomm.schedule("all_reduce", world_size=3, count=4, algorithm="one_shot")
+    assert [s.kind for s in one_shot.steps[0]] == ["publish", "read", "read", "read"]

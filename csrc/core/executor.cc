@@ -1,6 +1,6 @@
 // The executor: for every wave of slice columns, every step of the plan, in order. Each step is
-// one of send / recv / recvSend with an optional reduction, done in one pass over the transport's
-// slots.
+// one of the plan's named kinds (StepKind: send, recv, recvReduceSend, recvCopySend, ...), done
+// in one pass over the transport's slots.
 #include "ringcomm/executor.h"
 
 #include <algorithm>
@@ -54,7 +54,7 @@ void Executor::run(const Collective& c) {
   // phase's publication sizes there.
   std::array<const Step*, 2> firstRead{nullptr, nullptr};
   for (const Step& s : c.plan.steps) {
-    if (!oneHop || s.readFrom < 0) continue;
+    if (s.kind != StepKind::Read) continue;
     RC_CHECK(s.readPhase == 0 || s.readPhase == 1, "publication phase ", s.readPhase,
              " is not 0 or 1");
     if (firstRead[s.readPhase] == nullptr) firstRead[s.readPhase] = &s;
@@ -67,7 +67,7 @@ void Executor::run(const Collective& c) {
     try {
       if (oneHop)
         runOneHopStep(c, step, column, sliceElems, envelope,
-                      step.readFrom >= 0 && firstRead[step.readPhase] == &step);
+                      step.kind == StepKind::Read && firstRead[step.readPhase] == &step);
       else
         runStep(c, step, slice, envelope);
     } catch (const Error& e) {
@@ -85,7 +85,7 @@ void Executor::run(const Collective& c) {
   for (size_t first = 0; first < columns; first += wave) {
     const size_t end = std::min(columns, first + wave);
     for (size_t i = 0; i < c.plan.steps.size(); ++i) {
-      if (c.plan.steps[i].ack) {  // acks close the last column only
+      if (c.plan.steps[i].kind == StepKind::Ack) {  // acks close the last column only
         if (end == columns) runColumn(i, columns - 1);
         continue;
       }
@@ -121,8 +121,8 @@ void Executor::runOneHopStep(const Collective& c, const Step& step, size_t colum
   const size_t elemSize = dataTypeSize(c.spec.type), wireSize = dataTypeSize(c.spec.wireType);
   const bool sameType = c.spec.type == c.spec.wireType;
   std::vector<Range> pieces;
-  if (step.readFrom < 0) {  // publish local data: every piece, packed
-    RC_CHECK(step.publishPhase >= 0 && !step.reduce && !step.store,
+  if (step.kind != StepKind::Read) {  // publish local data: every piece, packed
+    RC_CHECK(step.kind == StepKind::Publish && !step.reduce && !step.store,
              "a one-hop step that reads no publication can only publish");
     const Envelope mine = publication(c, header, step.chunk, column, sliceElems, pieces);
     char* out = static_cast<char*>(transport_.acquirePublish(step.publishPhase, mine.bytes));
@@ -173,23 +173,25 @@ void Executor::runStep(const Collective& c, const Step& step, const Range& slice
   const size_t elemSize = dataTypeSize(c.spec.type);
   const bool sameType = c.spec.type == c.spec.wireType;
   char* stored = step.store ? locate(c.output, slice, elemSize, "write") : nullptr;
-  if (transport_.movesUserBuffers() && sameType && !step.reduce && !step.ack) {
+  const StepKind kind = step.kind;
+  const bool copyOnly =
+      kind == StepKind::Send || kind == StepKind::Recv || kind == StepKind::RecvCopySend;
+  if (transport_.movesUserBuffers() && sameType && copyOnly) {
     // Copy-only steps move the caller's bytes themselves, with no staging copy: the first send
     // straight from the input, a hop that keeps what it forwards received in place and sent on
     // from there. Forwards that keep nothing (gather, scatter) still go through a slot.
-    if (step.recvFrom < 0) {
+    if (kind == StepKind::Send) {
       RC_CHECK(!step.store, "a step without a receive can only send");
       transport_.sendFrom(step.sendTo, locate(c.input, slice, elemSize, "read"), envelope);
       return;
     }
     if (stored != nullptr) {
       transport_.recvInto(step.recvFrom, stored, envelope);
-      if (step.sendTo >= 0) transport_.sendFrom(step.sendTo, stored, envelope);
+      if (kind == StepKind::RecvCopySend) transport_.sendFrom(step.sendTo, stored, envelope);
       return;
     }
   }
-  if (step.recvFrom >= 0 && step.sendTo >= 0 && !step.reduce && sameType &&
-      transport_.forwardsInPlace()) {
+  if (kind == StepKind::RecvCopySend && sameType && transport_.forwardsInPlace()) {
     // Passed on unchanged (allgather, broadcast): forward first so the next rank can start,
     // then keep a copy.
     const void* incoming = transport_.acquireRecv(step.recvFrom, envelope);
@@ -200,7 +202,7 @@ void Executor::runStep(const Collective& c, const Step& step, const Range& slice
   }
   void* outgoing = step.sendTo >= 0 ? transport_.acquireSend(step.sendTo, envelope.bytes) : nullptr;
 
-  if (step.recvFrom < 0) {
+  if (step.recvFrom < 0) {  // a send, or the ack that sends
     RC_CHECK(!step.reduce && !step.store, "a step without a receive can only send");
     const char* local = locate(c.input, slice, elemSize, "read");
     if (sameType)

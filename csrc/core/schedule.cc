@@ -256,7 +256,45 @@ std::vector<Range> columnPieces(const Plan& plan, int chunk, size_t column, size
   return pieces;
 }
 
+StepKind stepKind(const Step& step) {
+  if (step.ack) return StepKind::Ack;
+  if (step.readFrom >= 0) return StepKind::Read;
+  if (step.publishPhase >= 0) return StepKind::Publish;
+  if (step.recvFrom < 0) return StepKind::Send;
+  const bool sends = step.sendTo >= 0;
+  if (!step.reduce) return sends ? StepKind::RecvCopySend : StepKind::Recv;
+  if (!sends) return StepKind::RecvReduceCopy;
+  return step.store ? StepKind::RecvReduceCopySend : StepKind::RecvReduceSend;
+}
+
+const char* stepKindName(StepKind kind) {
+  switch (kind) {
+    case StepKind::Send: return "send";
+    case StepKind::Recv: return "recv";
+    case StepKind::RecvReduceCopy: return "recvReduceCopy";
+    case StepKind::RecvReduceSend: return "recvReduceSend";
+    case StepKind::RecvReduceCopySend: return "recvReduceCopySend";
+    case StepKind::RecvCopySend: return "recvCopySend";
+    case StepKind::Ack: return "ack";
+    case StepKind::Publish: return "publish";
+    case StepKind::Read: return "read";
+  }
+  return "?";
+}
+
+namespace {
+Plan buildPlan(const PlanRequest& request);
+}  // namespace
+
 Plan makePlan(const PlanRequest& request) {
+  Plan plan = buildPlan(request);
+  for (Step& step : plan.steps) step.kind = stepKind(step);  // decoded once, here
+  return plan;
+}
+
+namespace {
+
+Plan buildPlan(const PlanRequest& request) {
   const int n = request.worldSize;
   RC_CHECK(n >= 1, "world size must be at least 1, got ", n);
   RC_CHECK(request.rank >= 0 && request.rank < n, "rank ", request.rank,
@@ -329,5 +367,7 @@ Plan makePlan(const PlanRequest& request) {
   }
   return plan;
 }
+
+}  // namespace
 
 }  // namespace ringcomm

@@ -38,7 +38,23 @@ struct Range {
   size_t count = 0;
 };
 
+// What a step does, named as NCCL names its ring steps; decoded once from the flags below
+// when the plan is made (stepKind), so the executor dispatches on a name, not on flag mixes.
+enum class StepKind {
+  Send,                // send a slice of the input on
+  Recv,                // receive into the output (copied, or converted from the wire)
+  RecvReduceCopy,      // receive, reduce with the input, keep: reduce-scatter's last step
+  RecvReduceSend,      // receive, reduce with the input, send the result on (not kept)
+  RecvReduceCopySend,  // both: allreduce's turn from reduce-scatter to allgather
+  RecvCopySend,        // receive and pass on unchanged, keeping it or not (allgather, chains)
+  Ack,                 // the empty message that closes a chain into a ring
+  Publish,             // one-hop: publish local data
+  Read,                // one-hop: read a publication (copy or reduce; keep and/or publish)
+};
+const char* stepKindName(StepKind kind);
+
 struct Step {
+  StepKind kind = StepKind::Send;  // set by makePlan from the fields below
   int recvFrom = -1;  // rank received from, or -1
   int sendTo = -1;    // rank sent to, or -1
   int readFrom = -1;  // rank whose publication of readPhase is read, or -1
@@ -80,6 +96,8 @@ struct Plan {
 };
 
 Plan makePlan(const PlanRequest& request);
+// The kind a step's fields describe (makePlan sets every step's kind with it).
+StepKind stepKind(const Step& step);
 
 // Range of `range` that slice column `column` covers when slices hold `sliceElems` elements.
 Range sliceOf(const Range& range, size_t column, size_t sliceElems);
