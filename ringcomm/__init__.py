@@ -15,6 +15,7 @@ except ImportError as error:  # e.g. importing the source tree, which has no com
         "ringcomm's compiled core (ringcomm._C) is missing here: install the package "
         "(`pip install .`) and import it from outside the source folder, or build in place "
         f"(`python setup.py build_ext --inplace`). Cause: {error}") from error
+from . import cpu_backend, cuda_backend  # noqa: F401  each registers its backend (backends.py)
 from . import ddp
 from ._C import CommTimeoutError, MismatchError, PeerError, RingcommError
 from .communicator import Communicator

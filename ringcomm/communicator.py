@@ -4,7 +4,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from . import _C, checks, cpu_backend, cuda_backend, work
+from . import _C, backends, checks, work
 from .buffers import as_buffer, as_c_dtype, cpu_array
 from .options import CommOptions, algorithm_for
 from .ops import to_c_op
@@ -76,7 +76,7 @@ class Communicator(PointToPoint):
         self._last = None
         self._stats_base = {}  # backend -> collectives run before the last reset_stats
         self._closed = False
-        if not cuda_backend.available():
+        if not any(b.available() for b in backends.registered().values() if b.device != "cpu"):
             self._backend("cpu", -1)  # set up eagerly: set-up errors show here, not mid-training
 
     @classmethod
@@ -316,11 +316,11 @@ class Communicator(PointToPoint):
         key = (device, index)
         comm = self._backends.get(key)
         if comm is None:
+            ordinal = sum(1 for kind, _ in self._backends if kind == device)
+            comm = backends.for_device(device).create(self._rendezvous, index, self.options,
+                                                      ordinal)
             if device == "cpu":
-                comm = self._cpu = cpu_backend.create(self._rendezvous, self.options)
-            else:
-                ordinal = sum(1 for kind, _ in self._backends if kind == "cuda")
-                comm = cuda_backend.create(self._rendezvous, index, self.options, ordinal)
+                self._cpu = comm  # the hot path's ring (see _now)
             self._backends[key] = comm
         return comm
 
@@ -377,15 +377,18 @@ class Communicator(PointToPoint):
     def _call(self, buf, name, args, extra):
         with self._lock:
             comm = self._backend(buf.device, buf.device_index)
-            if buf.device == "cuda":
-                extra["stream"] = cuda_backend.current_stream(buf)
+            stream = backends.for_device(buf.device).stream(buf)
+            if stream is not None:
+                extra["stream"] = stream
             getattr(comm, name)(*args, **extra)
 
     def _run(self, buf, name, args, result, async_op, **extra):
         """Runs a collective now, or (async_op on CPU) on the worker thread, in call order."""
-        if buf.device == "cuda":  # already asynchronous: ordered on the caller's stream
+        if buf.device != "cpu":  # device backends order it on the caller's stream: no waiting
             self._call(buf, name, args, extra)
-            return work.completed(result, torch.device("cuda", buf.device_index)) if async_op else result
+            if not async_op:
+                return result
+            return work.completed(result, torch.device(buf.device, buf.device_index))
         if not (async_op or extra) and self._now(name, args):
             return result
         if not async_op and (self._last is None or self._last.done() or

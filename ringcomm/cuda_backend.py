@@ -2,7 +2,7 @@
 NCCL communicator reaches every rank, so it also carries point-to-point and all-to-all."""
 import os
 
-from . import _C
+from . import _C, backends
 
 
 def nccl_library_hint():
@@ -75,3 +75,7 @@ def current_stream(buf):
     import torch
 
     return torch.cuda.current_stream(buf.device_index).cuda_stream
+
+
+backends.register(backends.Backend("cuda-nccl", "cuda", create, available=available,
+                                   stream=current_stream))

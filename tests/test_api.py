@@ -181,3 +181,13 @@ def test_float16_arithmetic_rounds_like_torch():
         own, other = (x0, x1) if owner == 0 else (x1, x0)
         expected_wire[span] = (own[span] + other[span].half().float()).half().float()
     assert torch.equal(results[0][2], expected_wire) and torch.equal(results[1][2], expected_wire)
+
+
+def test_backends_are_registered_by_name_and_device():
+    from ringcomm import backends
+
+    assert {(b.name, b.device) for b in backends.registered().values()} >= {
+        ("cpu-shm", "cpu"), ("cuda-nccl", "cuda")}
+    assert backends.for_device("cpu").stream(None) is None  # host: nothing to order on
+    with pytest.raises(ValueError, match="no backend for xpu buffers.*cpu-shm for cpu"):
+        backends.for_device("xpu")
