@@ -41,11 +41,20 @@ def _op(opts, call):
     return c_op
 
 
-# Keyed by hash: a ReduceOp hashes as its RedOpType's value, while a ReduceOp as a key costs
-# ~1 us a lookup in pybind's __eq__.
-_C_OPS = {hash(dist.ReduceOp(kind)): to_c_op(kind)
-          for kind in (_RedOpType.SUM, _RedOpType.PRODUCT, _RedOpType.MIN, _RedOpType.MAX,
-                       _RedOpType.AVG, _RedOpType.BAND, _RedOpType.BOR, _RedOpType.BXOR)}
+def _shared_ops():
+    """{hash(torch ReduceOp): _C.RedOp} for every torch op ringcomm has (ops.py's table):
+    keyed by hash, as a ReduceOp hashes as its RedOpType's value, while a ReduceOp as a key
+    costs ~1 us a lookup in pybind's __eq__."""
+    shared = {}
+    for kind in _RedOpType.__members__.values():
+        try:
+            shared[hash(dist.ReduceOp(kind))] = to_c_op(kind)
+        except (ValueError, RuntimeError, TypeError):  # PREMUL_SUM, UNUSED: not ringcomm's
+            continue
+    return shared
+
+
+_C_OPS = _shared_ops()
 
 
 def _completed(result):
