@@ -127,7 +127,7 @@ class BuildWithCuda(build_ext):
 
 
 def make_extension():
-    sources = [str(CSRC / "bindings.cc"), str(CSRC / "bindings_testing.cc")]
+    sources = [str(CSRC / "bindings.cc"), str(CSRC / "testing" / "bindings_testing.cc")]
     sources += sorted(glob.glob(str(CSRC / "core" / "*.cc")))
     sources += sorted(glob.glob(str(CSRC / "cpu" / "*.cc")))
     ext = Pybind11Extension(

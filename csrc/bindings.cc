@@ -22,7 +22,7 @@ namespace py = pybind11;
 using namespace ringcomm;
 
 namespace ringcomm {
-void bindTesting(py::module_& m);  // bindings_testing.cc: the ringcomm._C.testing submodule
+void bindTesting(py::module_& m);  // testing/bindings_testing.cc: ringcomm._C.testing
 }
 
 namespace {

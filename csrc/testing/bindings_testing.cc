@@ -11,7 +11,7 @@
 
 #include "cpu/cpu_reducer.h"
 #include "cpu/shm_wait.h"
-#include "cuda/group_queue.h"
+#include "testing/group_trace.h"
 #include "ringcomm/communicator.h"
 #include "ringcomm/error.h"
 #include "ringcomm/schedule.h"
