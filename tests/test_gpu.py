@@ -530,6 +530,22 @@ def _stream_semantics(comm, ring, rank, world, store):
         torch.cuda.synchronize()
         assert torch.all(buf == value * total), f"graph replay with {value}"
 
+    # A replay on one stream beside an eager collective on another: they share the staging slots
+    # and the NCCL communicator, so they run one after the other, in launch order.
+    other = torch.empty(n, device="cuda")
+    replaying, eager = torch.cuda.Stream(), torch.cuda.Stream()
+    for round_ in range(3):
+        buf.fill_(rank + 1.0 + round_)
+        other.fill_(2.0 * (rank + 1))
+        torch.cuda.synchronize()
+        with torch.cuda.stream(replaying):
+            g.replay()
+        comm.all_reduce(other.data_ptr(), n, _C.DataType.float32, _C.RedOp.sum,
+                        stream=eager.cuda_stream)
+        torch.cuda.synchronize()
+        assert torch.all(buf == total + world * round_), f"replay beside eager, round {round_}"
+        assert torch.all(other == 2 * total), f"eager beside a replay, round {round_}"
+
 
 def _timeout(comm, ring, rank, world, store):
     """A rank that stops calling makes the other time out with an error naming its peers."""
@@ -563,8 +579,8 @@ def test_timeout_names_peers():
 
 
 def test_missing_peer_times_out_at_creation():
-    """The watchdog: a blocking NCCL init whose peer never joins aborts and raises instead of
-    hanging."""
+    """An NCCL init whose peer never joins: the owner's wait times out, aborts and raises instead
+    of hanging."""
     uid = _C.nccl_unique_id(cuda_backend.nccl_library_hint())
     with pytest.raises(_C.CommTimeoutError, match="creating the NCCL communicator.*rank 0 of 2"):
         _C.CudaRing(0, 2, 0, uid, timeout=5.0, library_hint=cuda_backend.nccl_library_hint())

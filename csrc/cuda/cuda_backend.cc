@@ -9,7 +9,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_reducer.h"
-#include "cuda/nccl_loader.h"
+#include "cuda/gpu_api.h"
 #include "cuda/nccl_transport.h"
 #include "cuda/reduce_kernels.h"
 #include "ringcomm/error.h"
@@ -27,14 +27,14 @@ int cudaDeviceCount() {
 
 bool cudaAvailable() { return cudaDeviceCount() > 0; }
 
-std::string ncclLibraryPath(const std::string& hint) { return loadNccl(hint).path; }
+std::string ncclLibraryPath(const std::string& hint) { return loadGpuApi(hint).ncclPath; }
 
-int ncclRuntimeVersion(const std::string& hint) { return loadNccl(hint).version; }
+int ncclRuntimeVersion(const std::string& hint) { return loadGpuApi(hint).ncclVersion; }
 
 std::string makeNcclUniqueId(const std::string& hint) {
-  const NcclApi& api = loadNccl(hint);
+  const GpuApi& api = loadGpuApi(hint);
   ::ncclUniqueId id;
-  ncclResult_t rc = api.getUniqueId(&id);
+  ncclResult_t rc = api.ncclGetUniqueId(&id);
   RC_CHECK(rc == ncclSuccess, "ncclGetUniqueId failed: ", api.describe(rc));
   return std::string(id.internal, sizeof(id.internal));
 }

@@ -25,7 +25,7 @@ class Transport;
 bool cudaAvailable();
 int cudaDeviceCount();
 
-// Loads NCCL (see nccl_loader.h for the search order) and returns its path and version code.
+// Loads NCCL (see gpu_api.h for the search order) and returns its path and version code.
 std::string ncclLibraryPath(const std::string& libraryHint);
 int ncclRuntimeVersion(const std::string& libraryHint);
 // A fresh ncclUniqueId as 128 raw bytes (rank 0 makes it; the Store shares it).
@@ -58,7 +58,7 @@ struct CudaRingOptions {
   std::string libraryHint;
 };
 
-// The CUDA half of a ringcomm communicator on one GPU: an NCCL transport (blocking NCCL
+// The CUDA half of a ringcomm communicator on one GPU: an NCCL transport (non-blocking NCCL
 // communicator, watchdog) and a CUDA reducer on its compute stream. The core Communicator runs
 // them (ringcomm/cuda_backend.py builds one); this handle adds the host-side waits.
 class CudaRing {

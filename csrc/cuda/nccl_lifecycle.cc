@@ -1,11 +1,11 @@
-// NcclTransport's life cycle: creating and destroying the NCCL communicator, the watchdog thread
-// that aborts it past a deadline (blocking NCCL calls cannot time out by themselves), and the
-// host's view of completion (query, synchronize, abort). The data path is in nccl_transport.cc.
+// NcclTransport's life cycle: creating and destroying the non-blocking NCCL communicator, the
+// owner's waits on it, the watchdog thread for collectives still running on the GPU past the
+// timeout, and the host's view of completion (query, synchronize, abort). The data path is in
+// nccl_transport.cc.
 #include "cuda/nccl_transport.h"
 
 #include <algorithm>
 
-#include "cuda/cuda_check.h"
 #include "ringcomm/error.h"
 
 namespace ringcomm {
@@ -20,7 +20,18 @@ Clock::duration seconds(double s) {
 constexpr auto kWatchdogPeriod = std::chrono::milliseconds(50);
 constexpr double kFinalizeSeconds = 30.0;  // a vanished peer must not hold up close()
 
+// Waits between polls of a call in progress: a group is usually enqueued within microseconds,
+// while creation or a first connection may take seconds.
+void backOff(int rounds) {
+  if (rounds < 64)
+    std::this_thread::yield();
+  else
+    std::this_thread::sleep_for(std::chrono::microseconds(rounds < 1000 ? 20 : 1000));
+}
+
 }  // namespace
+
+#define RC_GPU(call) check(api_->call, #call)
 
 NcclTransport::NcclTransport(const NcclTransportOptions& options)
     : options_(options),
@@ -33,28 +44,38 @@ NcclTransport::NcclTransport(const NcclTransportOptions& options)
   RC_CHECK(options_.slots >= 2, "NcclTransport needs at least 2 slots per direction");
   RC_CHECK(options_.slotBytes >= 16, "NcclTransport slots must hold at least 16 bytes");
   RC_CHECK(options_.timeoutSeconds > 0, "the timeout must be positive");
-  api_ = &loadNccl(options_.libraryHint);
-  watchdog_ = std::thread([this] { watch(); });
+  api_ = options_.api != nullptr ? options_.api : &loadGpuApi(options_.libraryHint);
   try {
     create();
   } catch (...) {
     release();
     throw;
   }
+  watchdog_ = std::thread([this] { watch(); });
 }
 
 NcclTransport::~NcclTransport() { release(); }
 
 void NcclTransport::create() {
-  CudaDeviceGuard guard(options_.device);
-  RC_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
-  RC_CUDA_CHECK(cudaStreamCreateWithFlags(&commStream_, cudaStreamNonBlocking));
-  auto make = [](std::vector<cudaEvent_t>& events, size_t n) {
+  int previous = -1;
+  RC_GPU(cudaGetDevice(&previous));
+  if (previous != options_.device) RC_GPU(cudaSetDevice(options_.device));
+  struct Restore {
+    const GpuApi* api;
+    int device, previous;
+    ~Restore() {
+      if (device != previous) api->cudaSetDevice(previous);
+    }
+  } restore{api_, options_.device, previous};
+
+  RC_GPU(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
+  RC_GPU(cudaStreamCreateWithFlags(&commStream_, cudaStreamNonBlocking));
+  auto make = [&](std::vector<cudaEvent_t>& events, size_t n) {
     events.assign(n, nullptr);
-    for (cudaEvent_t& e : events) RC_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    for (cudaEvent_t& e : events) RC_GPU(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   };
-  for (cudaEvent_t* e : {&callerReady_, &computeAll_, &commAll_, &done_})
-    RC_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+  for (cudaEvent_t* e : {&callerReady_, &computeAll_, &commAll_, &done_, &timeline_})
+    RC_GPU(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
   const size_t slots = static_cast<size_t>(options_.slots);
   make(sendReady_, 2 * slots);  // more than ever wait in the queue (group_queue.h)
   make(sendFree_, slots);
@@ -64,97 +85,84 @@ void NcclTransport::create() {
   sendFreePending_.assign(slots, false);
   recvFreePending_.assign(slots, false);
   slotStride_ = (options_.slotBytes + 255) / 256 * 256;  // 256-byte aligned: vector kernels
-  RC_CUDA_CHECK(cudaMalloc(&buffers_, slotStride_ * 2 * slots));
-  if (publications_.stagingBytes() > 0)
-    RC_CUDA_CHECK(cudaMalloc(&staging_, publications_.stagingBytes()));
+  void* memory = nullptr;
+  RC_GPU(cudaMalloc(&memory, slotStride_ * 2 * slots));
+  buffers_ = static_cast<char*>(memory);
+  if (publications_.stagingBytes() > 0) {
+    RC_GPU(cudaMalloc(&memory, publications_.stagingBytes()));
+    staging_ = static_cast<char*>(memory);
+  }
 
   ncclUniqueId id;
   std::copy(options_.uniqueId.begin(), options_.uniqueId.end(), id.internal);
-  ncclComm_t comm = nullptr;
-  // Blocking: every later call returns once enqueued, with no helper thread per group (a
-  // non-blocking communicator starts one in every ncclGroupEnd). A peer that never joins is
-  // the watchdog's: it aborts the communicator, which NCCL publishes before connecting.
-  arm("creating the NCCL communicator (waiting for every rank to join)", options_.timeoutSeconds,
-      &comm);
-  ncclResult_t result;
-  // The config struct of this build's nccl.h only goes to a library at least as new; older
-  // ones get ncclCommInitRank, blocking unless NCCL_COMM_BLOCKING=0 (refused in issue()).
-  if (api_->commInitRankConfig != nullptr && api_->version >= NCCL_VERSION_CODE) {
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 1;
-    result = api_->commInitRankConfig(&comm, options_.worldSize, id, options_.rank, &config);
-  } else {
-    result = api_->commInitRank(&comm, options_.worldSize, id, options_.rank);
+  // Non-blocking (see nccl_transport.h). This build's config struct also goes to an older
+  // library: NCCL reads the fields it knows (the struct starts with its size).
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const ncclResult_t rc = api_->ncclCommInitRankConfig(&comm_, options_.worldSize, id,
+                                                         options_.rank, &config);
+    if (rc != ncclSuccess && rc != ncclInProgress) {
+      if (comm_ != nullptr) api_->ncclCommAbort(comm_);
+      comm_ = nullptr;
+      aborted_ = true;
+      failure_ = detail::concat("NCCL communicator creation failed", where(), ": ",
+                                api_->describe(rc));
+      RC_THROW_AS(PeerError, failure_);
+    }
   }
-  disarm();
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (result != ncclSuccess || aborted_) {
-    if (!aborted_ && comm != nullptr) api_->commAbort(comm);
-    const std::string message =
-        aborted_ ? failure_
-                 : detail::concat("NCCL communicator creation failed", where(), ": ",
-                                  api_->describe(result),
-                                  result == ncclInProgress
-                                      ? " (non-blocking: unset NCCL_COMM_BLOCKING=0)"
-                                      : "");
-    aborted_ = true;
-    if (timedOut_) RC_THROW_AS(TimeoutError, message);
-    RC_THROW_AS(PeerError, message);
-  }
-  comm_ = comm;
+  awaitNccl([] { return std::string("creating the NCCL communicator (waiting for every rank)"); },
+            options_.timeoutSeconds);
 }
 
 // Frees everything the constructor made; never throws (it runs while exceptions unwind).
 void NcclTransport::release() noexcept {
+  if (api_ == nullptr) return;  // the GPU functions could not be loaded: nothing was made
   int previous = -1;
-  const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != options_.device &&
-                        cudaSetDevice(options_.device) == cudaSuccess;
-  ncclComm_t comm = nullptr;
+  const bool switched = api_->cudaGetDevice(&previous) == cudaSuccess &&
+                        previous != options_.device &&
+                        api_->cudaSetDevice(options_.device) == cudaSuccess;
+  ncclResult_t finalizing = ncclInvalidUsage;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    comm = aborted_ ? nullptr : comm_;
+    if (comm_ != nullptr && !aborted_) finalizing = api_->ncclCommFinalize(comm_);
   }
-  if (comm != nullptr) {
-    // Finalize waits for outstanding work; the watchdog aborts it if a peer vanished.
-    ncclResult_t rc = ncclSuccess;
-    if (api_->commFinalize != nullptr) {
-      arm("finalizing the NCCL communicator", std::min(options_.timeoutSeconds, kFinalizeSeconds));
-      rc = api_->commFinalize(comm);
-      disarm();
-    }
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!aborted_) {
-      if (rc == ncclSuccess)
-        api_->commDestroy(comm);
-      else
-        api_->commAbort(comm);
-      aborted_ = true;
-      failure_ = "the communicator was closed";
+  if (finalizing == ncclSuccess || finalizing == ncclInProgress) {
+    // Finalize flushes outstanding work; a peer that vanished must not hold up close().
+    try {
+      awaitNccl([] { return std::string("finalizing the NCCL communicator"); },
+                std::min(options_.timeoutSeconds, kFinalizeSeconds));
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (comm_ != nullptr) api_->ncclCommDestroy(comm_);
       comm_ = nullptr;
+    } catch (const Error&) {
+      // awaitNccl aborted the communicator.
     }
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    abortLocked("the communicator was closed");  // a no-op once it was destroyed
     stopping_ = true;
   }
   wake_.notify_all();
   if (watchdog_.joinable()) watchdog_.join();
-  if (compute_) cudaStreamSynchronize(compute_);
-  if (commStream_) cudaStreamSynchronize(commStream_);
-  if (buffers_) cudaFree(buffers_);
-  if (staging_) cudaFree(staging_);
+  if (compute_) api_->cudaStreamSynchronize(compute_);
+  if (commStream_) api_->cudaStreamSynchronize(commStream_);
+  if (buffers_) api_->cudaFree(buffers_);
+  if (staging_) api_->cudaFree(staging_);
   buffers_ = staging_ = nullptr;
   for (auto* events : {&sendReady_, &sendFree_, &recvReady_, &recvFree_, &inflightEvents_}) {
     for (cudaEvent_t e : *events)
-      if (e) cudaEventDestroy(e);
+      if (e) api_->cudaEventDestroy(e);
     events->clear();
   }
-  for (cudaEvent_t* e : {&callerReady_, &computeAll_, &commAll_, &done_})
-    if (*e) cudaEventDestroy(*e), *e = nullptr;
-  if (compute_) cudaStreamDestroy(compute_);
-  if (commStream_) cudaStreamDestroy(commStream_);
+  for (cudaEvent_t* e : {&callerReady_, &computeAll_, &commAll_, &done_, &timeline_})
+    if (*e) api_->cudaEventDestroy(*e), *e = nullptr;
+  if (compute_) api_->cudaStreamDestroy(compute_);
+  if (commStream_) api_->cudaStreamDestroy(commStream_);
   compute_ = commStream_ = nullptr;
-  if (switched) cudaSetDevice(previous);
+  if (switched) api_->cudaSetDevice(previous);
 }
 
 std::string NcclTransport::where() const {
@@ -164,46 +172,71 @@ std::string NcclTransport::where() const {
                         (options_.rank + 1) % n, ")");
 }
 
-// -- the watchdog ---------------------------------------------------------------------------------
+// -- waiting on NCCL, aborting ----------------------------------------------------------------
 
-void NcclTransport::arm(const std::string& what, double limitSeconds, ncclComm_t* initComm) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  armed_ = true;
-  armedWhat_ = what;
-  armedDeadline_ = Clock::now() + seconds(limitSeconds);
-  armedInitComm_ = initComm;
-}
-
-void NcclTransport::disarm() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  armed_ = false;
-  armedInitComm_ = nullptr;
+void NcclTransport::awaitNccl(const std::function<std::string()>& what, double limitSeconds) {
+  const auto deadline = Clock::now() + seconds(limitSeconds);
+  for (int rounds = 0;; ++rounds) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (aborted_) throwAborted();
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t rc = api_->ncclCommGetAsyncError(comm_, &state);
+      if (rc != ncclSuccess) failNcclLocked(rc, what());
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) failNcclLocked(state, what());
+      if (Clock::now() > deadline) {
+        timedOut_ = true;
+        abortLocked(detail::concat("timed out after ", limitSeconds, " s while ", what(), where(),
+                                   ": is every rank alive and calling the same collectives?"));
+        RC_THROW_AS(TimeoutError, failure_);
+      }
+    }
+    backOff(rounds);
+  }
 }
 
 void NcclTransport::abortLocked(const std::string& why) {
   if (aborted_) return;
-  aborted_ = true;
   failure_ = why;
-  // ncclCommAbort also makes a call blocked on this communicator in another thread return, and
-  // stops this rank's kernels still waiting on a peer (torch's watchdog relies on the same;
-  // NCCL handles an abort from another thread reliably from 2.19 on).
+  aborted_.store(true, std::memory_order_release);
+  // Also stops this rank's kernels still waiting on a peer. Only ever called with mutex_ held,
+  // so no other call is inside the communicator it frees.
   if (comm_ != nullptr) {
-    api_->commAbort(comm_);
+    api_->ncclCommAbort(comm_);
     comm_ = nullptr;
-  } else if (armedInitComm_ != nullptr && *armedInitComm_ != nullptr) {
-    api_->commAbort(*armedInitComm_);  // a blocking init that waits for a missing peer
   }
 }
+
+void NcclTransport::throwAborted() const {
+  if (timedOut_) RC_THROW_AS(TimeoutError, failure_);
+  RC_THROW_AS(PeerError, "this NCCL transport was aborted (", failure_,
+              "); create a new communicator");
+}
+
+void NcclTransport::failNcclLocked(ncclResult_t result, const std::string& what) {
+  // After an abort the call fails too: its reason is the one to report.
+  abortLocked(detail::concat("NCCL failed while ", what, where(), ": ",
+                             api_->describe(result, comm_)));
+  throwAborted();
+}
+
+void NcclTransport::failCuda(cudaError_t status, const char* call) const {
+  (void)api_->cudaGetLastError();  // clear a sticky-free error so the next call starts clean
+  RC_THROW("CUDA call ", call, " failed", where(), ": ", api_->describe(status));
+}
+
+// -- the watchdog: collectives running on the GPU past the timeout ------------------------------
 
 // Pops the collectives that finished; true when none is left running.
 bool NcclTransport::pollInflightLocked() {
   while (!inflight_.empty()) {
-    cudaError_t status = cudaEventQuery(inflightEvents_[inflight_.front().event]);
+    cudaError_t status = api_->cudaEventQuery(inflightEvents_[inflight_.front().event]);
     if (status == cudaErrorNotReady) return false;
     if (status != cudaSuccess) {
-      (void)cudaGetLastError();
+      (void)api_->cudaGetLastError();
       abortLocked(detail::concat("a collective failed on the GPU", where(), ": ",
-                                 cudaGetErrorString(status)));
+                                 api_->describe(status)));
       return true;
     }
     inflight_.pop_front();
@@ -214,56 +247,29 @@ bool NcclTransport::pollInflightLocked() {
 }
 
 void NcclTransport::watch() {
-  cudaSetDevice(options_.device);  // event queries on this thread
+  api_->cudaSetDevice(options_.device);  // event queries on this thread
   // Querying events while another thread captures a CUDA graph in global mode would break the
   // capture unless this thread is relaxed.
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  cudaThreadExchangeStreamCaptureMode(&mode);
+  api_->cudaThreadExchangeStreamCaptureMode(&mode);
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stopping_) {
     wake_.wait_for(lock, kWatchdogPeriod);
-    if (stopping_ || aborted_) continue;
-    const auto now = Clock::now();
-    if (armed_ && now > armedDeadline_) {
-      timedOut_ = true;
-      abortLocked(detail::concat("timed out after ", options_.timeoutSeconds, " s while ",
-                                 armedWhat_, where(),
-                                 ": is every rank alive and calling the same collectives?"));
-      continue;
-    }
-    // The main thread may be between NCCL calls of a collective it enqueues: abort only while
-    // it is blocked inside one (armed) or not using the communicator at all.
-    const bool mayAbort = armed_ || !busy_;
-    if (pollInflightLocked() || !mayAbort || aborted_) continue;
-    if (now > inflight_.front().since + seconds(options_.timeoutSeconds)) {
+    if (stopping_ || aborted_ || pollInflightLocked() || aborted_) continue;
+    if (Clock::now() > inflight_.front().since + seconds(options_.timeoutSeconds)) {
       timedOut_ = true;
       abortLocked(detail::concat("a collective did not finish within ", options_.timeoutSeconds,
                                  " s", where(), ": is every rank calling the same collectives?"));
       continue;
     }
     ncclResult_t state = ncclSuccess;
-    if (comm_ != nullptr && !busy_ && api_->commGetAsyncError(comm_, &state) == ncclSuccess &&
-        state != ncclSuccess && state != ncclInProgress)
-      abortLocked(detail::concat("NCCL failed", where(), ": ", api_->describe(state)));
+    if (api_->ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state != ncclSuccess &&
+        state != ncclInProgress)
+      abortLocked(detail::concat("NCCL failed", where(), ": ", api_->describe(state, comm_)));
   }
 }
 
-void NcclTransport::checkUsable() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (!aborted_) return;
-  if (timedOut_) RC_THROW_AS(TimeoutError, failure_);
-  RC_THROW_AS(PeerError, "this NCCL transport was aborted (", failure_,
-              "); create a new communicator");
-}
-
-void NcclTransport::failNccl(ncclResult_t result, const std::string& what) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  // After a watchdog abort the call fails too: its reason is the one to report.
-  abortLocked(detail::concat("NCCL failed while ", what, where(), ": ", api_->describe(result)));
-  // busy_ stays set: the communicator's abort() that follows restores the caller's device.
-  if (timedOut_) RC_THROW_AS(TimeoutError, failure_);
-  RC_THROW_AS(PeerError, failure_);
-}
+// -- the host's view ----------------------------------------------------------------------------
 
 bool NcclTransport::query() {
   checkUsable();
@@ -281,35 +287,26 @@ void NcclTransport::synchronize(double timeoutSeconds) {
   const auto deadline = Clock::now() + seconds(limit);
   for (int rounds = 0; !query(); ++rounds) {
     if (Clock::now() >= deadline) {
-      const std::string message =
-          detail::concat("a collective did not finish within ", limit, " s", where(),
-                         ": is every rank calling the same collectives?");
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        timedOut_ = true;
-        abortLocked(message);
-      }
-      RC_THROW_AS(TimeoutError, message);
+      std::lock_guard<std::mutex> lock(mutex_);
+      timedOut_ = true;
+      abortLocked(detail::concat("a collective did not finish within ", limit, " s", where(),
+                                 ": is every rank calling the same collectives?"));
+      throwAborted();
     }
-    // A host wait, not the data path: yield first, then sleep briefly (ranks may share cores).
-    if (rounds < 64)
-      std::this_thread::yield();
-    else
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    backOff(rounds);  // a host wait: ranks may share cores
   }
 }
 
 void NcclTransport::abort(const std::string& why) {
-  bool wasBusy;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     abortLocked(why);
-    wasBusy = busy_;
-    busy_ = false;
   }
   // A collective that failed midway leaves the caller on its own device, as end() would.
-  if (wasBusy && callerDevice_ >= 0 && callerDevice_ != options_.device)
-    cudaSetDevice(callerDevice_);
+  if (inCollective_) {
+    inCollective_ = false;
+    if (callerDevice_ >= 0 && callerDevice_ != options_.device) api_->cudaSetDevice(callerDevice_);
+  }
 }
 
 }  // namespace ringcomm

@@ -11,7 +11,6 @@
 
 #include <algorithm>
 
-#include "cuda/cuda_check.h"
 #include "ringcomm/error.h"
 
 namespace ringcomm {
@@ -26,28 +25,37 @@ bool overlaps(const void* a, size_t aBytes, const void* b, size_t bBytes) {
 
 }  // namespace
 
+#define RC_GPU(call) check(api_->call, #call)
+
 void NcclTransport::begin(uintptr_t stream) {
   checkUsable();
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    busy_ = true;
-  }
-  RC_CUDA_CHECK(cudaGetDevice(&callerDevice_));
-  if (callerDevice_ != options_.device) RC_CUDA_CHECK(cudaSetDevice(options_.device));
+  RC_GPU(cudaGetDevice(&callerDevice_));
+  if (callerDevice_ != options_.device) RC_GPU(cudaSetDevice(options_.device));
+  inCollective_ = true;
   caller_ = reinterpret_cast<cudaStream_t>(stream);
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  RC_CUDA_CHECK(cudaStreamIsCapturing(caller_, &status));
+  RC_GPU(cudaStreamIsCapturing(caller_, &status));
   const bool capturing = status == cudaStreamCaptureStatusActive;
   if (capturing || capturing_) {
     // Events recorded inside a capture cannot be waited on outside it, nor the reverse: slot
-    // reuse across that boundary is ordered by the caller's stream instead (begin waits on it).
+    // reuse across that boundary is ordered by the timeline event instead.
     std::fill(sendFreePending_.begin(), sendFreePending_.end(), false);
     std::fill(recvFreePending_.begin(), recvFreePending_.end(), false);
   }
   capturing_ = capturing;
-  RC_CUDA_CHECK(cudaEventRecord(callerReady_, caller_));
-  RC_CUDA_CHECK(cudaStreamWaitEvent(compute_, callerReady_, 0));
-  RC_CUDA_CHECK(cudaStreamWaitEvent(commStream_, callerReady_, 0));
+  // Collectives of one communicator run one after another in the order they were launched,
+  // eager or replayed from a graph on any stream: they share the staging slots, and NCCL pairs
+  // operations by their order. A captured collective waits, at each replay, for the timeline's
+  // latest record (an external event node).
+  if (capturing)
+    RC_GPU(cudaStreamWaitEvent(caller_, timeline_, cudaEventWaitExternal));
+  RC_GPU(cudaEventRecord(callerReady_, caller_));
+  RC_GPU(cudaStreamWaitEvent(compute_, callerReady_, 0));
+  RC_GPU(cudaStreamWaitEvent(commStream_, callerReady_, 0));
+  if (!capturing) {
+    RC_GPU(cudaStreamWaitEvent(compute_, timeline_, 0));
+    RC_GPU(cudaStreamWaitEvent(commStream_, timeline_, 0));
+  }
   heldRecvSlot_ = -1;
 }
 
@@ -60,7 +68,7 @@ void* NcclTransport::acquireSend(int peer, size_t bytes) {
   const int slot = queue_.nextSlot(mustFlush);
   if (mustFlush) flush();
   if (sendFreePending_[slot]) {
-    RC_CUDA_CHECK(cudaStreamWaitEvent(compute_, sendFree_[slot], 0));
+    RC_GPU(cudaStreamWaitEvent(compute_, sendFree_[slot], 0));
     sendFreePending_[slot] = false;
   }
   stagedSlot_ = slot;
@@ -83,7 +91,7 @@ void NcclTransport::sendFrom(int peer, const void* src, const Envelope& envelope
 // The send's data is whatever compute (or the caller's stream, or an earlier group) wrote so
 // far: its readiness event is recorded on compute now.
 void NcclTransport::queueSend(const QueuedSend& send) {
-  RC_CUDA_CHECK(cudaEventRecord(sendReady(send.id), compute_));
+  RC_GPU(cudaEventRecord(sendReady(send.id), compute_));
   ++sendCount_;
   if (queue_.push(send)) flush();
 }
@@ -104,7 +112,7 @@ const void* NcclTransport::acquireRecv(int peer, const Envelope& expected) {
 
 void NcclTransport::releaseRecv(int /*peer*/) {
   RC_CHECK(heldRecvSlot_ >= 0, "releaseRecv without acquireRecv");
-  RC_CUDA_CHECK(cudaEventRecord(recvFree_[heldRecvSlot_], compute_));
+  RC_GPU(cudaEventRecord(recvFree_[heldRecvSlot_], compute_));
   recvFreePending_[heldRecvSlot_] = true;
   heldRecvSlot_ = -1;
 }
@@ -131,28 +139,19 @@ void NcclTransport::flush() {
 }
 
 template <typename Enqueue>
-void NcclTransport::runGroup(const std::string& what, Enqueue enqueue) {
-  ncclComm_t comm;
+void NcclTransport::runGroup(Enqueue enqueue, const std::function<std::string()>& what) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    comm = comm_;
+    if (aborted_) throwAborted();
+    ncclResult_t rc = api_->ncclGroupStart();
+    if (rc != ncclSuccess) failNcclLocked(rc, what());
+    rc = enqueue(comm_);
+    const ncclResult_t ended = api_->ncclGroupEnd();  // also after a failed post: ends the group
+    if (rc == ncclSuccess) rc = ended;
+    if (rc != ncclSuccess && rc != ncclInProgress) failNcclLocked(rc, what());
   }
-  RC_CHECK(comm != nullptr, "the NCCL communicator is gone");
-  ncclResult_t rc = api_->groupStart();
-  if (rc != ncclSuccess) failNccl(rc, what);
-  rc = enqueue(comm);
-  if (rc != ncclSuccess) {
-    api_->groupEnd();
-    failNccl(rc, what);
-  }
-  // The first exchange with a peer connects to it, which waits for the peer: watched.
-  arm(what, options_.timeoutSeconds);
-  rc = api_->groupEnd();
-  disarm();
-  if (rc == ncclInProgress)
-    failNccl(rc, what + " (a non-blocking NCCL communicator: unset NCCL_COMM_BLOCKING=0)");
-  if (rc != ncclSuccess) failNccl(rc, what);
-  checkUsable();
+  // The first exchange with a peer connects to it, which waits for the peer.
+  awaitNccl(what, options_.timeoutSeconds);
 }
 
 void NcclTransport::issue(const std::vector<QueuedSend>& sends, const Receive* receive) {
@@ -161,42 +160,47 @@ void NcclTransport::issue(const std::vector<QueuedSend>& sends, const Receive* r
   bool any = receives;
   for (const QueuedSend& s : sends) any = any || s.bytes > 0;
   if (!any) return;
-  std::string what = "exchanging a message (";
-  for (const QueuedSend& s : sends)
-    if (s.bytes > 0) what += detail::concat("send to rank ", s.peer, "; ");
-  what += receives ? detail::concat("receive from rank ", receive->peer, ")") : ")";
 
   for (const QueuedSend& s : sends)
-    if (s.bytes > 0) RC_CUDA_CHECK(cudaStreamWaitEvent(commStream_, sendReady(s.id), 0));
+    if (s.bytes > 0) RC_GPU(cudaStreamWaitEvent(commStream_, sendReady(s.id), 0));
   if (receives && receive->slot >= 0 && recvFreePending_[receive->slot]) {
-    RC_CUDA_CHECK(cudaStreamWaitEvent(commStream_, recvFree_[receive->slot], 0));
+    RC_GPU(cudaStreamWaitEvent(commStream_, recvFree_[receive->slot], 0));
     recvFreePending_[receive->slot] = false;
   } else if (receives && receive->slot < 0) {
-    RC_CUDA_CHECK(cudaEventRecord(computeAll_, compute_));
-    RC_CUDA_CHECK(cudaStreamWaitEvent(commStream_, computeAll_, 0));
+    RC_GPU(cudaEventRecord(computeAll_, compute_));
+    RC_GPU(cudaStreamWaitEvent(commStream_, computeAll_, 0));
   }
 
-  runGroup(what, [&](ncclComm_t comm) {
-    for (const QueuedSend& s : sends) {
-      if (s.bytes == 0) continue;
-      const void* data = s.slot >= 0 ? sendSlot(s.slot) : s.src;
-      const ncclResult_t rc = api_->send(data, s.bytes, ncclInt8, s.peer, comm, commStream_);
-      if (rc != ncclSuccess) return rc;
-    }
-    if (!receives) return ncclSuccess;
-    return api_->recv(receive->dst, receive->bytes, ncclInt8, receive->peer, comm, commStream_);
-  });
+  runGroup(
+      [&](ncclComm_t comm) {
+        for (const QueuedSend& s : sends) {
+          if (s.bytes == 0) continue;
+          const void* data = s.slot >= 0 ? sendSlot(s.slot) : s.src;
+          const ncclResult_t rc =
+              api_->ncclSend(data, s.bytes, ncclInt8, s.peer, comm, commStream_);
+          if (rc != ncclSuccess) return rc;
+        }
+        if (!receives) return ncclSuccess;
+        return api_->ncclRecv(receive->dst, receive->bytes, ncclInt8, receive->peer, comm,
+                              commStream_);
+      },
+      [&] {
+        std::string what = "exchanging a message (";
+        for (const QueuedSend& s : sends)
+          if (s.bytes > 0) what += detail::concat("send to rank ", s.peer, "; ");
+        return what + (receives ? detail::concat("receive from rank ", receive->peer, ")") : ")");
+      });
 
   for (const QueuedSend& s : sends)
     if (s.bytes > 0 && s.slot >= 0) {
-      RC_CUDA_CHECK(cudaEventRecord(sendFree_[s.slot], commStream_));
+      RC_GPU(cudaEventRecord(sendFree_[s.slot], commStream_));
       sendFreePending_[s.slot] = true;
     }
   if (receives) {
     // Compute reads a slot, or may read the caller's bytes this receive wrote.
     cudaEvent_t filled = receive->slot >= 0 ? recvReady_[receive->slot] : commAll_;
-    RC_CUDA_CHECK(cudaEventRecord(filled, commStream_));
-    RC_CUDA_CHECK(cudaStreamWaitEvent(compute_, filled, 0));
+    RC_GPU(cudaEventRecord(filled, commStream_));
+    RC_GPU(cudaStreamWaitEvent(compute_, filled, 0));
   }
 }
 
@@ -225,52 +229,53 @@ const void* NcclTransport::acquirePublished(int peer, int phase, const Envelope&
 
 void NcclTransport::exchange(const std::vector<PublishOp>& ops, int phase) {
   flush();  // sends queued before it leave first, in the order their receivers expect
-  RC_CUDA_CHECK(cudaEventRecord(computeAll_, compute_));
-  RC_CUDA_CHECK(cudaStreamWaitEvent(commStream_, computeAll_, 0));
-  runGroup(detail::concat("exchanging publications of phase ", phase, " with every rank (",
-                          ops.front().bytes, " bytes each)"),
-           [&](ncclComm_t comm) {
-             for (const PublishOp& op : ops) {
-               const ncclResult_t rc =
-                   op.send ? api_->send(staging_ + op.offset, op.bytes, ncclInt8, op.peer, comm,
-                                        commStream_)
-                           : api_->recv(staging_ + op.offset, op.bytes, ncclInt8, op.peer, comm,
-                                        commStream_);
-               if (rc != ncclSuccess) return rc;
-             }
-             return ncclSuccess;
-           });
-  RC_CUDA_CHECK(cudaEventRecord(commAll_, commStream_));
-  RC_CUDA_CHECK(cudaStreamWaitEvent(compute_, commAll_, 0));
+  RC_GPU(cudaEventRecord(computeAll_, compute_));
+  RC_GPU(cudaStreamWaitEvent(commStream_, computeAll_, 0));
+  runGroup(
+      [&](ncclComm_t comm) {
+        for (const PublishOp& op : ops) {
+          const ncclResult_t rc =
+              op.send ? api_->ncclSend(staging_ + op.offset, op.bytes, ncclInt8, op.peer, comm,
+                                       commStream_)
+                      : api_->ncclRecv(staging_ + op.offset, op.bytes, ncclInt8, op.peer, comm,
+                                       commStream_);
+          if (rc != ncclSuccess) return rc;
+        }
+        return ncclSuccess;
+      },
+      [&] {
+        return detail::concat("exchanging publications of phase ", phase, " with every rank (",
+                              ops.front().bytes, " bytes each)");
+      });
+  RC_GPU(cudaEventRecord(commAll_, commStream_));
+  RC_GPU(cudaStreamWaitEvent(compute_, commAll_, 0));
 }
 
 void NcclTransport::end() {
   publications_.finishRound();
   flush();
-  RC_CUDA_CHECK(cudaEventRecord(commAll_, commStream_));
-  RC_CUDA_CHECK(cudaStreamWaitEvent(compute_, commAll_, 0));
-  RC_CUDA_CHECK(cudaEventRecord(done_, compute_));
-  RC_CUDA_CHECK(cudaStreamWaitEvent(caller_, done_, 0));
-  if (!capturing_) {
-    // The next collective's groups start after this one's reads and writes, whatever stream
-    // its caller uses. (Inside a capture that wait would leave the comm stream unjoined.)
-    RC_CUDA_CHECK(cudaStreamWaitEvent(commStream_, done_, 0));
+  RC_GPU(cudaEventRecord(commAll_, commStream_));
+  RC_GPU(cudaStreamWaitEvent(compute_, commAll_, 0));
+  RC_GPU(cudaEventRecord(done_, compute_));
+  RC_GPU(cudaStreamWaitEvent(caller_, done_, 0));
+  if (capturing_) {
+    // At each replay the graph moves the timeline on (see begin).
+    RC_GPU(cudaEventRecordWithFlags(timeline_, caller_, cudaEventRecordExternal));
+  } else {
+    RC_GPU(cudaEventRecord(timeline_, compute_));
     std::lock_guard<std::mutex> lock(mutex_);
     if (inflight_.size() < inflightEvents_.size()) {
       // Entries hold consecutive events of the ring, so the one after the newest is free.
       const int event = static_cast<int>(inflightRecorded_++ % inflightEvents_.size());
-      RC_CUDA_CHECK(cudaEventRecord(inflightEvents_[event], compute_));
+      RC_GPU(cudaEventRecord(inflightEvents_[event], compute_));
       inflight_.push_back(Inflight{event, Clock::now()});
     } else {
       // Many collectives queued: the newest entry now stands for this one too.
-      RC_CUDA_CHECK(cudaEventRecord(inflightEvents_[inflight_.back().event], compute_));
+      RC_GPU(cudaEventRecord(inflightEvents_[inflight_.back().event], compute_));
     }
   }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    busy_ = false;
-  }
-  if (callerDevice_ != options_.device) RC_CUDA_CHECK(cudaSetDevice(callerDevice_));
+  inCollective_ = false;
+  if (callerDevice_ != options_.device) RC_GPU(cudaSetDevice(callerDevice_));
 }
 
 }  // namespace ringcomm

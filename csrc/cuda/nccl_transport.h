@@ -1,6 +1,14 @@
-// NcclTransport: the ring's messages over NCCL point-to-point, with ringcomm's own blocking
-// ncclComm_t and a watchdog thread that aborts it when a call or a collective runs past the
-// timeout.
+// NcclTransport: the ring's messages over NCCL point-to-point, with ringcomm's own
+// non-blocking ncclComm_t.
+//
+// Failure handling. Every NCCL call returns at once (a non-blocking communicator): a call that
+// must wait for peers (creation, the first exchange with a peer, which connects to it, a full
+// queue, finalize) returns ncclInProgress, and the owning thread polls ncclCommGetAsyncError
+// until it is done, failed or past the timeout; past it, the owner aborts. A watchdog thread
+// aborts a collective still running on the GPU past the timeout while the owner waits
+// elsewhere. Every call on the communicator, the watchdog's abort included, holds one mutex,
+// so the communicator is only ever called by one thread at a time and never after its abort
+// freed it. Every CUDA and NCCL call goes through a GpuApi table (gpu_api.h).
 //
 // Work runs on two streams the transport owns: `compute` (the reducer's kernels, which fill
 // send slots and read receive slots) and `comm` (NCCL groups). Events order them per slot, so
@@ -17,16 +25,18 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "cuda/gpu_api.h"
 #include "cuda/group_queue.h"
-#include "cuda/nccl_loader.h"
 #include "cuda/publications.h"
 #include "ringcomm/transport.h"
 
@@ -43,7 +53,8 @@ struct NcclTransportOptions {
   // Costs (2 x worldSize + 2) x publishBytes of device memory, allocated once.
   size_t publishBytes = 0;
   double timeoutSeconds = 600.0;  // init, each NCCL call, each collective
-  std::string libraryHint;        // folder or file for loadNccl
+  std::string libraryHint;        // folder or file for loadGpuApi
+  const GpuApi* api = nullptr;    // the CUDA and NCCL functions (null: loadGpuApi(libraryHint))
 };
 
 class NcclTransport : public Transport {
@@ -95,24 +106,30 @@ class NcclTransport : public Transport {
 
   void create();
   void release() noexcept;
-  void checkUsable();
+  void checkUsable() const {
+    if (aborted_.load(std::memory_order_acquire)) throwAborted();
+  }
+  [[noreturn]] void throwAborted() const;
   void issue(const std::vector<QueuedSend>& sends, const Receive* receive);
   void exchange(const std::vector<PublishOp>& ops, int phase);
-  // One NCCL group: `enqueue` posts its operations between ncclGroupStart and ncclGroupEnd
-  // (returning the first failure); the end is watched (the first exchange with a peer connects).
+  // One NCCL group: `enqueue(comm)` posts its operations between ncclGroupStart and
+  // ncclGroupEnd (returning the first failure); then the owner waits until NCCL has enqueued
+  // them (the first exchange with a peer connects to it). `what()` names the group, for errors.
   template <typename Enqueue>
-  void runGroup(const std::string& what, Enqueue enqueue);
+  void runGroup(Enqueue enqueue, const std::function<std::string()>& what);
+  // Polls ncclCommGetAsyncError until the last call is done; aborts and raises past the limit.
+  // `what()` is only called to describe a failure.
+  void awaitNccl(const std::function<std::string()>& what, double limitSeconds);
   void flush();
   void queueSend(const QueuedSend& send);
-  // NCCL calls that may block (init, group end, finalize) run between arm() and disarm(); the
-  // watchdog aborts the communicator when one lasts past `limitSeconds`. `initComm` is where a
-  // blocking init publishes the communicator it is creating (so it can be aborted too).
-  void arm(const std::string& what, double limitSeconds, ncclComm_t* initComm = nullptr);
-  void disarm();
   void watch();
   bool pollInflightLocked();
   void abortLocked(const std::string& why);
-  [[noreturn]] void failNccl(ncclResult_t result, const std::string& what);
+  [[noreturn]] void failNcclLocked(ncclResult_t result, const std::string& what);
+  void check(cudaError_t status, const char* call) const {
+    if (status != cudaSuccess) failCuda(status, call);
+  }
+  [[noreturn]] void failCuda(cudaError_t status, const char* call) const;
   std::string where() const;
   char* sendSlot(int i) const { return buffers_ + static_cast<size_t>(i) * slotStride_; }
   char* recvSlot(int i) const {
@@ -121,13 +138,15 @@ class NcclTransport : public Transport {
   cudaEvent_t sendReady(uint64_t id) const { return sendReady_[id % sendReady_.size()]; }
 
   NcclTransportOptions options_;
-  const NcclApi* api_ = nullptr;
+  const GpuApi* api_ = nullptr;
   ncclComm_t comm_ = nullptr;
 
   cudaStream_t compute_ = nullptr, commStream_ = nullptr, caller_ = nullptr;
   int callerDevice_ = -1;
+  bool inCollective_ = false;  // between begin() and end()
   bool capturing_ = false;
   cudaEvent_t callerReady_ = nullptr, computeAll_ = nullptr, commAll_ = nullptr, done_ = nullptr;
+  cudaEvent_t timeline_ = nullptr;  // the end of the latest collective launched, eager or replayed
   std::vector<cudaEvent_t> sendReady_;  // per queued send (ring of 2 x slots): its data is written
   std::vector<cudaEvent_t> sendFree_;   // per send slot: the group that sent it finished
   std::vector<cudaEvent_t> recvReady_;  // per receive slot: the group that filled it finished
@@ -154,17 +173,12 @@ class NcclTransport : public Transport {
   std::deque<Inflight> inflight_;
   uint64_t inflightRecorded_ = 0;
 
-  // Shared with the watchdog thread.
+  // Shared with the watchdog thread. `mutex_` is held around every NCCL call (see the top).
   std::mutex mutex_;
   std::condition_variable wake_;
   std::thread watchdog_;
   bool stopping_ = false;
-  bool armed_ = false;          // the main thread is inside a blocking NCCL call
-  bool busy_ = false;           // the main thread is enqueuing a collective
-  std::string armedWhat_;
-  std::chrono::steady_clock::time_point armedDeadline_;
-  ncclComm_t* armedInitComm_ = nullptr;
-  bool aborted_ = false;
+  std::atomic<bool> aborted_{false};  // written under mutex_; read without it on the data path
   bool timedOut_ = false;
   std::string failure_;
 };

@@ -1,5 +1,6 @@
-// dlopen-based NCCL loading. The library is never closed: communicators may outlive any owner.
-#include "cuda/nccl_loader.h"
+// The production GpuApi: the CUDA runtime's functions, and NCCL's through dlopen. The library is
+// never closed: communicators may outlive any owner.
+#include "cuda/gpu_api.h"
 
 #include <dlfcn.h>
 #include <sys/stat.h>
@@ -39,33 +40,25 @@ void resolve(void* handle, const char* name, Fn& fn, bool required, std::string&
   if (fn == nullptr && required) missing += std::string(missing.empty() ? "" : ", ") + name;
 }
 
-std::unique_ptr<NcclApi> loadFrom(void* handle, std::string& why) {
-  auto api = std::make_unique<NcclApi>();
+std::unique_ptr<GpuApi> loadFrom(void* handle, std::string& why) {
+  auto api = std::make_unique<GpuApi>();
+#define RC_TAKE_CUDA(ret, name, params) api->name = &::name;
+#define RC_RESOLVE_NCCL(required, ret, name, params) resolve(handle, #name, api->name, required, missing);
   std::string missing;
-  resolve(handle, "ncclGetUniqueId", api->getUniqueId, true, missing);
-  resolve(handle, "ncclCommInitRank", api->commInitRank, true, missing);
-  resolve(handle, "ncclCommInitRankConfig", api->commInitRankConfig, false, missing);
-  resolve(handle, "ncclCommAbort", api->commAbort, true, missing);
-  resolve(handle, "ncclCommDestroy", api->commDestroy, true, missing);
-  resolve(handle, "ncclCommFinalize", api->commFinalize, false, missing);
-  resolve(handle, "ncclCommGetAsyncError", api->commGetAsyncError, true, missing);
-  resolve(handle, "ncclSend", api->send, true, missing);
-  resolve(handle, "ncclRecv", api->recv, true, missing);
-  resolve(handle, "ncclGroupStart", api->groupStart, true, missing);
-  resolve(handle, "ncclGroupEnd", api->groupEnd, true, missing);
-  resolve(handle, "ncclGetVersion", api->getVersion, true, missing);
-  resolve(handle, "ncclGetErrorString", api->getErrorString, true, missing);
-  resolve(handle, "ncclGetLastError", api->getLastError, false, missing);
+  RC_CUDA_FUNCTIONS(RC_TAKE_CUDA)
+  RC_NCCL_FUNCTIONS(RC_RESOLVE_NCCL)
+#undef RC_TAKE_CUDA
+#undef RC_RESOLVE_NCCL
   if (!missing.empty()) {
-    why = "it lacks " + missing + " (NCCL 2.7 or newer is needed for send/recv)";
+    why = "it lacks " + missing + " (NCCL 2.14 or newer is needed)";
     return nullptr;
   }
-  api->path = loadedPath(handle, reinterpret_cast<void*>(api->getVersion));
-  if (api->getVersion(&api->version) != ncclSuccess) api->version = 0;
+  api->ncclPath = loadedPath(handle, reinterpret_cast<void*>(api->ncclGetVersion));
+  if (api->ncclGetVersion(&api->ncclVersion) != ncclSuccess) api->ncclVersion = 0;
   return api;
 }
 
-std::unique_ptr<NcclApi> tryOpen(const std::string& name, int flags, std::string& tried) {
+std::unique_ptr<GpuApi> tryOpen(const std::string& name, int flags, std::string& tried) {
   void* handle = dlopen(name.c_str(), flags);
   if (handle == nullptr) {
     if (!(flags & RTLD_NOLOAD)) {
@@ -80,7 +73,7 @@ std::unique_ptr<NcclApi> tryOpen(const std::string& name, int flags, std::string
   return api;
 }
 
-std::unique_ptr<NcclApi> search(const std::string& hint) {
+std::unique_ptr<GpuApi> search(const std::string& hint) {
   std::string tried;
   if (const char* env = std::getenv("RINGCOMM_NCCL_LIBRARY"); env != nullptr && *env) {
     // An explicit choice is final: falling back silently would hide a typo.
@@ -98,19 +91,23 @@ std::unique_ptr<NcclApi> search(const std::string& hint) {
 
 }  // namespace
 
-std::string NcclApi::describe(ncclResult_t result, ncclComm_t comm) const {
-  std::string text = getErrorString ? getErrorString(result) : "NCCL error";
+std::string GpuApi::describe(ncclResult_t result, ncclComm_t comm) const {
+  std::string text = ncclGetErrorString ? ncclGetErrorString(result) : "NCCL error";
   text += " (ncclResult_t " + std::to_string(static_cast<int>(result)) + ")";
-  if (getLastError != nullptr) {
-    const char* last = getLastError(comm);
+  if (ncclGetLastError != nullptr) {
+    const char* last = ncclGetLastError(comm);
     if (last != nullptr && *last) text += ": " + std::string(last);
   }
   return text;
 }
 
-const NcclApi& loadNccl(const std::string& hint) {
+std::string GpuApi::describe(cudaError_t status) const {
+  return std::string(cudaGetErrorName(status)) + " (" + cudaGetErrorString(status) + ")";
+}
+
+const GpuApi& loadGpuApi(const std::string& hint) {
   static std::mutex mutex;
-  static std::unique_ptr<NcclApi> api;
+  static std::unique_ptr<GpuApi> api;
   std::lock_guard<std::mutex> lock(mutex);
   if (!api) api = search(hint);  // a failure is not cached: a later hint may succeed
   return *api;
