@@ -144,8 +144,11 @@ def make_extension():
     if cuda_wanted(cuda_home):
         nccl_include = find_nccl_include()
         archs = cuda_archs()
-        ext.sources += [os.path.relpath(s, ROOT) for s in
-                        sorted(glob.glob(str(CSRC / "cuda" / "*.cc"))) + [str(CSRC / "bindings_cuda.cc")]]
+        # The CUDA part, and its tests' host implementation of CUDA and NCCL (csrc/testing).
+        cuda_sources = sorted(glob.glob(str(CSRC / "cuda" / "*.cc"))) + [
+            str(CSRC / "bindings_cuda.cc"), str(CSRC / "testing" / "host_gpu.cc"),
+            str(CSRC / "testing" / "bindings_host_gpu.cc")]
+        ext.sources += [os.path.relpath(s, ROOT) for s in cuda_sources]
         ext.include_dirs += [str(cuda_home / "include"), str(nccl_include)]
         ext.library_dirs += [str(cuda_home / "lib64")]
         ext.libraries = ["cudart_static"] + ext.libraries  # no libcudart needed at run time

@@ -17,6 +17,9 @@
 namespace py = pybind11;
 
 namespace ringcomm {
+
+void bindHostGpu(py::module_& testing);  // csrc/testing/bindings_host_gpu.cc
+
 void bindCuda(py::module_& m) {
   auto release = py::call_guard<py::gil_scoped_release>();
   m.def("cuda_available", &cudaAvailable, "Whether a CUDA device is usable (False without a driver)");
@@ -29,6 +32,7 @@ void bindCuda(py::module_& m) {
       }, py::arg("hint") = "");
   // Kernel entry points for tests and benchmarks only (bindings.cc made the submodule).
   auto testing = m.attr("testing").cast<py::module_>();
+  bindHostGpu(testing);
   testing.def("reduce_kernel",
         [](uintptr_t out0, uintptr_t out1, uintptr_t a, uintptr_t b, size_t n, DataType type,
            RedOp op, int divisor, bool finalize, float scale, uintptr_t stream,

@@ -1,7 +1,6 @@
 // Publications over NCCL (the one-hop interface of transport.h) as bookkeeping, without CUDA:
 // where each publication lives in the staging buffer, which calls may follow which, and which
-// NCCL operations exchange a phase. NcclTransport issues what it decides; GroupTrace
-// (csrc/testing/group_trace.h) records it, and the CPU tests replay it.
+// NCCL operations exchange a phase. NcclTransport issues what it decides.
 //
 // The exchange. NCCL moves bytes only between a send and a receive posted by both sides, so a
 // publication is not read where it was written: the first read of a phase in a round sends this

@@ -1,0 +1,151 @@
+// ringcomm._C.testing.host_gpu: the real NcclTransport over the host implementation of CUDA and
+// NCCL (host_gpu.h), with the CPU reducer's work launched on its compute stream, for the CPU
+// tests (tests/test_gpu_host.py). Ranks are threads of one process.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+
+#include "cpu/cpu_reducer.h"
+#include "cuda/nccl_transport.h"
+#include "ringcomm/error.h"
+#include "testing/host_gpu.h"
+
+namespace py = pybind11;
+
+namespace ringcomm {
+namespace {
+
+// The CPU reducer, its work launched on a host stream in order (as CudaReducer's kernels are).
+class HostReducer : public Reducer {
+ public:
+  explicit HostReducer(cudaStream_t stream) : stream_(stream) {}
+
+  void reduce(void* out0, void* out1, const void* a, const void* b, size_t n,
+              const ReduceSpec& spec, bool finalize) override {
+    hostgpu::launch(stream_, [=] { CpuReducer().reduce(out0, out1, a, b, n, spec, finalize); });
+  }
+  void copy(void* out0, void* out1, const void* src, size_t bytes) override {
+    hostgpu::launch(stream_, [=] { CpuReducer().copy(out0, out1, src, bytes); });
+  }
+  void convert(void* out0, void* out1, const void* src, bool srcIsWire, size_t n,
+               const ReduceSpec& spec) override {
+    hostgpu::launch(stream_, [=] { CpuReducer().convert(out0, out1, src, srcIsWire, n, spec); });
+  }
+
+ private:
+  cudaStream_t stream_;
+};
+
+struct HostGpuRing {
+  std::shared_ptr<NcclTransport> transport;
+  std::shared_ptr<HostReducer> reducer;
+};
+
+// One collective's worth of publication calls straight on the transport, as a one-hop plan
+// makes them: ("publish", phase, bytes), ("expect", phase, [bytes per rank]),
+// ("read", peer, phase, bytes) and ("end",) (the collective ends; a new one begins).
+void runPublications(NcclTransport& transport, int rank, const py::list& program) {
+  struct Call {
+    std::string kind;
+    int peer = 0, phase = 0;
+    size_t bytes = 0;
+    std::vector<size_t> sizes;
+  };
+  std::vector<Call> calls;
+  for (const py::handle& item : program) {
+    const py::tuple t = item.cast<py::tuple>();
+    Call c{t[0].cast<std::string>()};
+    if (c.kind == "publish") c.phase = t[1].cast<int>(), c.bytes = t[2].cast<size_t>();
+    else if (c.kind == "expect") c.phase = t[1].cast<int>(), c.sizes = t[2].cast<std::vector<size_t>>();
+    else if (c.kind == "read") c.peer = t[1].cast<int>(), c.phase = t[2].cast<int>(), c.bytes = t[3].cast<size_t>();
+    else RC_CHECK(c.kind == "end", "unknown publication call '", c.kind, "'");
+    calls.push_back(c);
+  }
+  py::gil_scoped_release unlocked;
+  auto envelope = [](int owner, size_t bytes) {
+    Envelope e;
+    e.bytes = bytes;
+    e.offset = static_cast<uint64_t>(owner);
+    return e;
+  };
+  try {
+    transport.begin(0);
+    for (const Call& c : calls) {
+      if (c.kind == "publish") {
+        transport.acquirePublish(c.phase, c.bytes);
+        transport.commitPublish(c.phase, envelope(rank, c.bytes));
+      } else if (c.kind == "expect") {
+        transport.expectPublished(c.phase, c.sizes);
+      } else if (c.kind == "read") {
+        transport.acquirePublished(c.peer, c.phase, envelope(c.peer, c.bytes));
+      } else {
+        transport.end();
+        transport.begin(0);
+      }
+    }
+    transport.end();
+  } catch (const Error& e) {
+    transport.abort(e.what());
+    throw;
+  }
+}
+
+}  // namespace
+
+void bindHostGpu(py::module_& testing) {
+  auto m = testing.def_submodule("host_gpu", "CUDA and NCCL on the host, for the CPU tests");
+  auto release = py::call_guard<py::gil_scoped_release>();
+  py::class_<HostGpuRing, std::shared_ptr<HostGpuRing>>(m, "Ring")
+      .def(py::init([](int rank, int worldSize, const py::bytes& uniqueId, size_t sliceBytes,
+                       int slots, size_t publishBytes, double timeout) {
+             NcclTransportOptions o;
+             o.rank = rank;
+             o.worldSize = worldSize;
+             o.uniqueId = uniqueId;
+             o.slotBytes = sliceBytes;
+             o.slots = slots;
+             o.publishBytes = publishBytes;
+             o.timeoutSeconds = timeout;
+             o.api = &hostgpu::api();
+             py::gil_scoped_release unlocked;  // creation waits for every rank
+             auto ring = std::make_shared<HostGpuRing>();
+             ring->transport = std::make_shared<NcclTransport>(o);
+             ring->reducer = std::make_shared<HostReducer>(ring->transport->computeStream());
+             return ring;
+           }),
+           py::arg("rank"), py::arg("world_size"), py::arg("unique_id"),
+           py::arg("slice_bytes") = 4 << 20, py::arg("slots") = 8, py::arg("publish_bytes") = 0,
+           py::arg("timeout") = 20.0)
+      .def_property_readonly("transport",
+                             [](const HostGpuRing& r) -> std::shared_ptr<Transport> {
+                               return r.transport;
+                             })
+      .def_property_readonly("reducer",
+                             [](const HostGpuRing& r) -> std::shared_ptr<Reducer> {
+                               return r.reducer;
+                             })
+      .def("synchronize", [](HostGpuRing& r, double timeout) { r.transport->synchronize(timeout); },
+           py::arg("timeout") = 0.0, release)
+      .def("query", [](HostGpuRing& r) { return r.transport->query(); }, release)
+      .def("run_publications",
+           [](HostGpuRing& r, int rank, const py::list& program) {
+             runPublications(*r.transport, rank, program);
+           },
+           py::arg("rank"), py::arg("program"))
+      .def("release", [](HostGpuRing& r) {
+        r.reducer.reset();
+        r.transport.reset();
+      }, release);
+  m.def("synchronize_caller", [] { hostgpu::api().cudaStreamSynchronize(nullptr); }, release,
+        "Waits for the calling thread's default stream (where its collectives end)");
+  m.def("unique_id", [] { return py::bytes(hostgpu::uniqueId()); });
+  m.def("calls", &hostgpu::callCounts, "{function: calls} since reset()");
+  m.def("violations", &hostgpu::violations, "misuse of CUDA or NCCL seen since reset()");
+  m.def("reset", &hostgpu::reset);
+  m.def("set_jitter", &hostgpu::setJitterMicroseconds, py::arg("microseconds"));
+  m.def("set_stall", &hostgpu::setStall, py::arg("rank"), py::arg("groups"));
+}
+
+}  // namespace ringcomm

@@ -1,0 +1,289 @@
+"""The NcclTransport that ships, driven without a GPU: every CUDA and NCCL call it makes goes to
+the host implementation (_C.testing.host_gpu), which moves real bytes with NCCL's pairing,
+group and stream semantics and records misuse. Exact results for every plan at worlds 2-8,
+then the failure paths: a dead peer, a skipped collective, a missing peer, mismatched sizes."""
+import time
+
+import pytest
+import torch
+
+from host_gpu_world import host_gpu, host_nccl_backend, raise_first, run_ranks  # noqa: I100
+from collective_checks import VALID, Checker, counts_for
+from sweep import DTYPES, OPS, op_valid
+
+from ringcomm import _C
+
+
+def _sweep(cases, copy_dtypes):
+    def body(comm):
+        checker = Checker(comm)
+        for count in counts_for(comm.world_size) + [4099]:
+            for dtype, op in cases:
+                checker.reductions(count, dtype, op)
+            for dtype in copy_dtypes:
+                checker.copies(count, dtype)
+        return checker.failures, checker.cases
+    return body
+
+
+def _one_dtype_per_op():
+    cases = []
+    for i, op in enumerate(OPS):
+        valid = [dtype for dtype in DTYPES if op_valid(op, dtype)]
+        cases.append((valid[i % len(valid)], op))
+    return cases
+
+
+def _check(results):
+    for failures, cases in raise_first(results):
+        assert cases > 0 and not failures, failures[:10]
+    assert host_gpu.violations() == []
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_dtype_op_and_primitive_is_exact(n):
+    """256-byte slots: a 4099-element tensor is dozens of slices per step, through 4 slots."""
+    with host_nccl_backend(slice_bytes=256, slots=4):
+        _check(run_ranks(n, _sweep(VALID, DTYPES)))
+
+
+@pytest.mark.parametrize("n", [4, 5, 6, 7, 8])
+def test_every_plan_is_exact_at_larger_worlds(n):
+    with host_nccl_backend(slice_bytes=512, slots=4):
+        _check(run_ranks(n, _sweep(_one_dtype_per_op(), [torch.float32, torch.int8])))
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+@pytest.mark.parametrize("algorithm", ["one_shot", "two_shot"])
+def test_one_hop_algorithms_are_exact(n, algorithm):
+    """Publications exchanged in one group with every peer, two_shot's uneven chunks declared."""
+    with host_nccl_backend(slice_bytes=256, slots=4, publish_bytes=1024):
+        _check(run_ranks(n, _sweep([(torch.float32, "sum"), (torch.int32, "max")],
+                                   [torch.float32]), algorithm=algorithm))
+
+
+def test_stream_order_holds_under_jitter():
+    """Every stream's work starts after a random delay: a missing event wait shows as #wrong."""
+    host_gpu.set_jitter(300)
+    with host_nccl_backend(slice_bytes=256, slots=2):
+        _check(run_ranks(3, _sweep([(torch.float32, "sum"), (torch.int64, "min")],
+                                   [torch.int8])))
+
+
+def _ring(comm):
+    """The communicator's _C.Communicator over NcclTransport (point-to-point on CPU tensors
+    would take shared-memory links: call the core directly)."""
+    return comm._backend("cpu", -1)
+
+
+def _send(core, tensor, peer):
+    core.send(tensor.data_ptr(), tensor.numel(), _C.DataType.__members__[str(tensor.dtype)[6:]], peer, 0)
+
+
+def _recv(core, tensor, peer):
+    core.recv(tensor.data_ptr(), tensor.numel(), _C.DataType.__members__[str(tensor.dtype)[6:]], peer, 0)
+
+
+def _point_to_point(comm):
+    core, r, n = _ring(comm), comm.rank, comm.world_size
+    got = torch.zeros(5, dtype=torch.int32)
+    if r % 2 == 0 and r + 1 < n:
+        _send(core, torch.arange(5, dtype=torch.int32) + r, r + 1)
+    elif r % 2 == 1:
+        _recv(core, got, r - 1)
+    counts = [(r + q) % 3 for q in range(n)]  # rank r sends (r + q) % 3 elements to q
+    inp = torch.cat([torch.full((c,), r * 100 + q, dtype=torch.int64) for q, c in enumerate(counts)])
+    received = [(q + r) % 3 for q in range(n)]
+    out = torch.empty(sum(received), dtype=torch.int64)
+    core.all_to_all(out.data_ptr(), inp.data_ptr(), counts, received, _C.DataType.int64)
+    want = torch.cat([torch.full((c,), q * 100 + r, dtype=torch.int64) for q, c in enumerate(received)])
+    return got.tolist(), bool(torch.equal(out, want))
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_send_recv_and_all_to_all(n):
+    with host_nccl_backend():
+        results = raise_first(run_ranks(n, _point_to_point))
+    for r, (got, all_to_all_ok) in enumerate(results):
+        assert all_to_all_ok
+        if r % 2 == 1:
+            assert got == [r - 1 + i for i in range(5)]
+    assert host_gpu.violations() == []
+
+
+# -- failures: an error within the timeout and a few seconds, no hang, no misuse of NCCL -------
+
+TIMEOUT = 3.0
+
+
+def _all_reduces(comm, calls=3, count=4099):
+    for _ in range(calls):
+        comm.all_reduce(torch.ones(count))
+    return "done"
+
+
+def _assert_timed_out(result, *words):
+    assert isinstance(result, _C.CommTimeoutError), result
+    for word in words:
+        assert word in str(result), str(result)
+
+
+def test_a_peer_that_dies_mid_collective_gives_a_timeout():
+    host_gpu.set_stall(1, 5)  # rank 1 stops moving data after its 5th NCCL group
+    with host_nccl_backend(slice_bytes=256, slots=4, timeout=TIMEOUT):
+        start = time.monotonic()
+        results = run_ranks(2, _all_reduces, timeout=TIMEOUT)
+        elapsed = time.monotonic() - start
+    _assert_timed_out(results[0], "rank 0 of 2")
+    assert elapsed < 3 * TIMEOUT + 5, elapsed
+    assert host_gpu.violations() == []
+
+
+def test_a_skipped_collective_gives_a_timeout_naming_the_collective():
+    def body(comm):
+        comm.all_reduce(torch.ones(4099))
+        if comm.rank == 0:
+            comm.all_reduce(torch.ones(4099))  # rank 1 skips it
+            comm.ring_synchronize()
+        return "done"
+
+    def skipping(comm):
+        comm.ring_synchronize = lambda: _ring(comm).ring.synchronize()
+        return body(comm)
+
+    with host_nccl_backend(slice_bytes=1024, slots=4, timeout=TIMEOUT):
+        results = run_ranks(2, skipping, timeout=TIMEOUT)
+    _assert_timed_out(results[0], "did not finish within", "rank 0 of 2")
+    assert results[1] == "done"
+    assert host_gpu.violations() == []
+
+
+def test_a_peer_that_never_joins_gives_a_timeout_at_creation():
+    with host_nccl_backend(timeout=TIMEOUT):
+        uid = host_gpu.unique_id()
+        start = time.monotonic()
+        with pytest.raises(_C.CommTimeoutError, match="creating the NCCL communicator.*rank 0 of 2"):
+            host_gpu.Ring(0, 2, uid, timeout=TIMEOUT)
+        assert time.monotonic() - start < TIMEOUT + 3
+    assert host_gpu.violations() == []
+
+
+def test_mismatched_sizes_fail_clearly_instead_of_hanging():
+    def body(comm):
+        comm.all_reduce(torch.ones(64 + comm.rank))
+        _ring(comm).ring.synchronize()
+        return "done"
+
+    with host_nccl_backend(slice_bytes=1 << 20, timeout=TIMEOUT):
+        results = run_ranks(2, body, timeout=TIMEOUT)
+    for result in results:
+        assert isinstance(result, _C.RingcommError), result
+    assert any("truncated" in str(r) or "did not finish" in str(r) for r in results), results
+    assert host_gpu.violations() == []
+
+
+# -- the host implementation catches what it should ----------------------------------------------
+
+def test_the_host_nccl_deadlocks_on_unmatched_order_as_nccl_does():
+    """Rank 0 sends two messages to rank 1, which first waits for a message rank 0 sends later
+    (another size): NCCL pairs by order, so this never completes; the transport times out."""
+    def body(comm):
+        core = _ring(comm)
+        if comm.rank == 0:
+            _send(core, torch.ones(8), 1)
+            _send(core, torch.ones(16), 1)
+        else:
+            _recv(core, torch.empty(16), 0)
+        core.ring.synchronize()
+        return "done"
+
+    with host_nccl_backend(timeout=TIMEOUT):
+        results = run_ranks(2, body, timeout=TIMEOUT)
+    assert any(isinstance(r, _C.RingcommError) for r in results), results
+
+
+def test_per_step_host_work_does_not_grow_device_queries():
+    """cudaGetDevice, cudaSetDevice and stream-capture queries are per collective, never per
+    step: ten times the slices cost no more of them."""
+    def calls_for(count):
+        with host_nccl_backend(slice_bytes=256, slots=4):
+            raise_first(run_ranks(2, lambda comm: _all_reduces(comm, calls=2, count=count)))
+            return host_gpu.calls()
+
+    few, many = calls_for(640), calls_for(6400)
+    assert many["ncclGroupEnd"] > 5 * few["ncclGroupEnd"]
+    for name in ("cudaGetDevice", "cudaSetDevice", "cudaStreamIsCapturing"):
+        assert many.get(name, 0) == few.get(name, 0), (name, few, many)
+    assert host_gpu.violations() == []
+
+
+# -- publications: what the transport refuses before NCCL could hang on it -----------------------
+
+PUBLISH_BYTES = 4096
+
+
+def _two_rings(publish_bytes=PUBLISH_BYTES):
+    """Rank 0's and rank 1's host-GPU rings of one world (creation waits for both)."""
+    import threading
+
+    uid, rings = host_gpu.unique_id(), [None, None]
+
+    def make(rank):
+        rings[rank] = host_gpu.Ring(rank, 2, uid, slice_bytes=256, slots=4,
+                                    publish_bytes=publish_bytes, timeout=TIMEOUT)
+
+    threads = [threading.Thread(target=make, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return rings
+
+
+@pytest.mark.parametrize("program,error", [
+    ([("read", 1, 0, 8)], "before this rank published it"),
+    ([("publish", 0, 8), ("read", 1, 0, 16)], "without declared sizes"),
+    ([("publish", 0, 8), ("expect", 0, [8, 16]), ("read", 1, 0, 8)], "the declared size differs"),
+    ([("publish", 0, 8), ("expect", 0, [8])], "for 1 ranks in a world of 2"),
+    ([("publish", 0, 8), ("expect", 0, [8, PUBLISH_BYTES + 1])], "exceeds"),
+    ([("expect", 0, [8, 8])], "declared in a round"),
+    ([("publish", 0, 8), ("read", 1, 0, 8), ("expect", 0, [8, 8])], "before its first read"),
+    ([("publish", 0, 8), ("read", 0, 0, 16)], "own publication of phase 0"),
+    ([("publish", 0, PUBLISH_BYTES + 1)], "exceeds"),
+    ([("publish", 1, 8)], "after phase 0"),
+    ([("publish", 0, 8), ("end",)], "never read"),
+    ([("publish", 2, 8)], "phase 2"),
+    ([("read", 5, 0, 8)], "outside the world"),
+])
+def test_publication_misuse_is_refused(program, error):
+    """A size no peer sends, a publication nobody receives: refused by the bookkeeping, before
+    any NCCL call could wait for ever."""
+    host_gpu.reset()
+    import threading
+
+    rings = _two_rings()
+    # Where rank 0's program exchanges before it fails, rank 1 takes part in that exchange.
+    partner = threading.Thread(target=rings[1].run_publications,
+                               args=(1, [("publish", 0, 8), ("read", 0, 0, 8)]))
+    exchanges = error == "before its first read"
+    try:
+        if exchanges:
+            partner.start()
+        with pytest.raises(_C.RingcommError, match=error):
+            rings[0].run_publications(0, program)
+    finally:
+        if exchanges:
+            partner.join(30)
+        for ring in rings:
+            ring.release()
+    assert host_gpu.violations() == []
+
+
+def test_no_publications_without_room():
+    rings = _two_rings(publish_bytes=0)
+    try:
+        with pytest.raises(_C.RingcommError, match="no publications"):
+            rings[0].run_publications(0, [("publish", 0, 8)])
+    finally:
+        for ring in rings:
+            ring.release()
