@@ -2,8 +2,12 @@
 on first use, on CUDA over the ring's NCCL communicator."""
 import time
 
+import torch
+
 from . import _C, checks
 from .buffers import as_buffer
+
+_ENVELOPE_TAG = (1 << 30) + 0xE1  # the debug envelopes' tag on the CPU links
 
 
 class PointToPoint:
@@ -18,8 +22,11 @@ class PointToPoint:
 
         On CUDA tensors the call is ordered on the current stream and returns without waiting;
         as with NCCL, a send completes only together with its matching recv (two ranks that both
-        send first may wait for each other until the timeout), and tags and counts are not
-        checked (NCCL messages carry no header; ``debug=True`` does not cover them either).
+        send first may wait for each other until the timeout), and NCCL messages carry no header:
+        a tag is not checked, and a size that differs from the receive's is undefined on NCCL (it
+        may hang until the timeout). With ``debug=True`` every
+        CUDA send first sends its tag, count and dtype over the CPU links, and the receive
+        raises MismatchError at once when they differ from its own.
         The first CUDA call of a communicator, a send included, sets up its NCCL communicator
         with every rank: all ranks must make a CUDA call.
 
@@ -33,6 +40,8 @@ class PointToPoint:
         buf = as_buffer(tensor, "tensor")
         self._peer(dst, "dst")
         if buf.device == "cuda":
+            if self.debug:
+                self._debug_envelope("send", dst, buf, tag)
             self._call(buf, "send", (buf.address, buf.numel, buf.c_dtype, dst, int(tag)), {})
             return tensor
         comm, links = self._peer_links()
@@ -45,6 +54,8 @@ class PointToPoint:
         buf = checks.writable(tensor, "tensor")
         self._peer(src, "src")
         if buf.device == "cuda":
+            if self.debug:
+                self._debug_envelope("recv", src, buf, tag)
             self._call(buf, "recv", (buf.address, buf.numel, buf.c_dtype, src, int(tag)), {})
             return tensor
         comm, links = self._peer_links()
@@ -118,6 +129,26 @@ class PointToPoint:
                     links.from_(peer)
         comm.all_to_all(out.address, inp.address, send_counts, recv_counts, out.c_dtype)
         return output
+
+    def _debug_envelope(self, kind, peer, buf, tag):
+        """debug=True where messages carry no header (NCCL): the sender first sends its tag,
+        count and dtype over the CPU links, and the receiver compares them with its own before
+        the payload is posted, raising MismatchError naming both (the sender's payload then
+        waits for the timeout). Costs a CPU message per call, and the receive a host wait."""
+        mine = torch.tensor([int(tag), buf.numel, int(buf.c_dtype)], dtype=torch.int64)
+        comm, links = self._peer_links()
+        if kind == "send":
+            links.to(peer)
+            comm.send(mine.data_ptr(), 3, _C.DataType.int64, peer, _ENVELOPE_TAG)
+            return
+        theirs = torch.empty(3, dtype=torch.int64)
+        links.from_(peer)
+        comm.recv(theirs.data_ptr(), 3, _C.DataType.int64, peer, _ENVELOPE_TAG)
+        if theirs.tolist() != mine.tolist():
+            def describe(tag, count, dtype):
+                return f"tag {tag}, {count} x {_C.DataType(dtype).name}"
+            raise _C.MismatchError(f"recv from rank {peer}: it sent {describe(*theirs.tolist())}, "
+                                   f"rank {self.rank} expected {describe(*mine.tolist())}")
 
     def _peer_links(self):
         """The CPU ring's communicator, with its point-to-point links set up on first use."""

@@ -113,3 +113,32 @@ def test_core_all_to_all_refuses_overlapping_buffers():
     comm.all_to_all(out.ctypes.data, x.ctypes.data, [8], [8], _C.DataType.float32)
     assert comm.failure == "" and (out == x).all()
     comm.close()
+
+
+def _envelopes(rank, n):
+    """The debug envelope CUDA sends and receives exchange first (NCCL carries no header), on
+    CPU buffers over the same CPU links: matching calls pass, a different count or tag raises
+    MismatchError on the receiving rank, naming both."""
+    import ringcomm
+    from ringcomm.buffers import as_buffer
+
+    comm = ringcomm.Communicator(timeout=20, debug=True)
+    outcomes = []
+    for sent, expected in [((5, 7), (5, 7)), ((5, 8), (5, 7)), ((6, 7), (5, 7))]:
+        tag, count = sent if rank == 0 else expected
+        buf = as_buffer(torch.zeros(count), "tensor")
+        try:
+            comm._debug_envelope("send" if rank == 0 else "recv", 1 - rank, buf, tag)
+            outcomes.append("ok")
+        except ringcomm.MismatchError as error:
+            outcomes.append(str(error))
+    comm.close()
+    return outcomes
+
+
+def test_debug_envelopes_catch_a_wrong_count_or_tag():
+    sender, receiver = launch(2, _envelopes, timeout=60)
+    assert sender == ["ok"] * 3
+    assert receiver[0] == "ok"
+    assert "it sent tag 5, 8 x float32" in receiver[1] and "expected tag 5, 7 x float32" in receiver[1]
+    assert "it sent tag 6, 7 x float32" in receiver[2]
