@@ -287,3 +287,39 @@ def test_no_publications_without_room():
     finally:
         for ring in rings:
             ring.release()
+
+
+# -- CUDA graphs -----------------------------------------------------------------------------------
+
+def _replays_beside_eager(comm):
+    """An all_reduce captured in a graph, replayed on one stream while an eager all_reduce runs
+    on another: they share staging slots and NCCL's pairing, so the transport runs them one
+    after the other in launch order. Every round's results must be exact."""
+    core, r, n = _ring(comm), comm.rank, comm.world_size
+    capture, replaying, eager = host_gpu.new_stream(), host_gpu.new_stream(), host_gpu.new_stream()
+    count = 3001
+    buf, other = torch.zeros(count), torch.zeros(count)
+    f32, add = _C.DataType.float32, _C.RedOp.sum
+    host_gpu.begin_capture(capture)
+    core.all_reduce(buf.data_ptr(), count, f32, add, stream=capture)
+    graph = host_gpu.end_capture(capture)
+    assert graph, "the capture did not end"
+    total, rounds = n * (n + 1) // 2, []
+    for round_ in range(4):
+        buf.fill_(r + 1 + round_)
+        other.fill_(2.0 * (r + 1))
+        host_gpu.launch_graph(graph, replaying)
+        core.all_reduce(other.data_ptr(), count, f32, add, stream=eager)
+        host_gpu.synchronize_stream(replaying)
+        host_gpu.synchronize_stream(eager)
+        rounds.append((int((buf != total + n * round_).sum()), int((other != 2 * total).sum())))
+    return rounds
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_graph_replays_beside_eager_collectives_are_exact(n):
+    host_gpu.set_jitter(200)
+    with host_nccl_backend(slice_bytes=256, slots=2):
+        results = raise_first(run_ranks(n, _replays_beside_eager))
+    assert all(rounds == [(0, 0)] * 4 for rounds in results), results
+    assert host_gpu.violations() == []

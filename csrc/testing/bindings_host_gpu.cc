@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -140,6 +141,19 @@ void bindHostGpu(py::module_& testing) {
       }, release);
   m.def("synchronize_caller", [] { hostgpu::api().cudaStreamSynchronize(nullptr); }, release,
         "Waits for the calling thread's default stream (where its collectives end)");
+  m.def("new_stream", [] {
+    cudaStream_t s = nullptr;
+    hostgpu::api().cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    return reinterpret_cast<uintptr_t>(s);
+  }, "A stream (never freed: tests make a few)");
+  m.def("synchronize_stream", [](uintptr_t s) {
+    hostgpu::api().cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(s));
+  }, release);
+  m.def("begin_capture", [](uintptr_t s) { hostgpu::beginCapture(reinterpret_cast<cudaStream_t>(s)); });
+  m.def("end_capture", [](uintptr_t s) { return hostgpu::endCapture(reinterpret_cast<cudaStream_t>(s)); });
+  m.def("launch_graph", [](uintptr_t graph, uintptr_t s) {
+    hostgpu::launchGraph(graph, reinterpret_cast<cudaStream_t>(s));
+  });
   m.def("unique_id", [] { return py::bytes(hostgpu::uniqueId()); });
   m.def("calls", &hostgpu::callCounts, "{function: calls} since reset()");
   m.def("violations", &hostgpu::violations, "misuse of CUDA or NCCL seen since reset()");

@@ -38,8 +38,12 @@ void violation(const std::string& what) {
 
 // -- streams and events ---------------------------------------------------------------------------
 
+struct Capture;
+
 class Stream {
  public:
+  Capture* capture = nullptr;  // the graph this stream's work goes into while it captures
+  size_t lane = 0;             // its lane of that graph
   Stream() : worker_([this] { run(); }) {}
   ~Stream() {
     synchronize();
@@ -93,7 +97,42 @@ struct Event {
   std::mutex mutex;
   std::condition_variable done;
   uint64_t recorded = 0, completed = 0;
+  Capture* capturedIn = nullptr;  // last recorded inside this capture (a node of its graph)
+  size_t node = 0;                // that record's number in the graph
 };
+
+// A graph: per lane (the capturing stream first, then every stream that joined), its work in
+// order; records and waits of events inside the graph are numbered per graph, and external
+// ones name the event (at each launch a wait takes the event's latest record, a record adds one).
+struct Node {
+  enum Kind { Work, Record, Wait, RecordExternal, WaitExternal } kind = Work;
+  std::function<void()> work;
+  size_t record = 0;      // Record, Wait: the graph's record number
+  Event* event = nullptr;  // RecordExternal, WaitExternal
+};
+
+struct Graph {
+  std::vector<std::vector<Node>> lanes;
+  size_t records = 0;
+};
+
+struct Capture {
+  Graph graph;
+  std::vector<Stream*> members;
+  std::vector<Event*> events;  // recorded inside it
+};
+
+Capture* const kEndedCapture = reinterpret_cast<Capture*>(1);  // recorded in a finished capture
+
+void add(Stream* st, Node node) { st->capture->graph.lanes[st->lane].push_back(std::move(node)); }
+
+// Work in stream order, or into the graph the stream captures.
+void submit(Stream* st, std::function<void()> work) {
+  if (st->capture != nullptr)
+    add(st, Node{Node::Work, std::move(work)});
+  else
+    st->push(std::move(work));
+}
 
 Stream* stream(cudaStream_t s) {
   if (s != nullptr) return reinterpret_cast<Stream*>(s);
@@ -137,25 +176,56 @@ cudaError_t streamSynchronize(cudaStream_t s) {
   return cudaSuccess;
 }
 
-cudaError_t streamIsCapturing(cudaStream_t, cudaStreamCaptureStatus* status) {
+cudaError_t streamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status) {
   count("cudaStreamIsCapturing");
-  *status = cudaStreamCaptureStatusNone;
+  *status = stream(s)->capture ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
   return cudaSuccess;
 }
 
-cudaError_t streamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
-  count("cudaStreamWaitEvent");
-  Event* ev = event(e);
-  uint64_t target;
-  {
-    std::lock_guard<std::mutex> lock(ev->mutex);
-    target = ev->recorded;  // the latest record at the time of this call
-  }
-  if (target == 0) return cudaSuccess;  // never recorded: nothing to wait for
-  stream(s)->push([ev, target] {
+void waitFor(Stream* st, Event* ev, uint64_t target) {
+  st->push([ev, target] {
     std::unique_lock<std::mutex> lock(ev->mutex);
     ev->done.wait(lock, [&] { return ev->completed >= target; });
   });
+}
+
+cudaError_t streamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) {
+  count("cudaStreamWaitEvent");
+  Stream* st = stream(s);
+  Event* ev = event(e);
+  uint64_t target;
+  Capture* owner;
+  size_t node;
+  {
+    std::lock_guard<std::mutex> lock(ev->mutex);
+    target = ev->recorded;  // the latest record at the time of this call
+    owner = ev->capturedIn;
+    node = ev->node;
+  }
+  if (flags & cudaEventWaitExternal) {
+    if (st->capture == nullptr) return cudaErrorInvalidValue;  // only inside a capture
+    add(st, Node{Node::WaitExternal, nullptr, 0, ev});
+    return cudaSuccess;
+  }
+  if (owner == kEndedCapture) {
+    violation("cudaStreamWaitEvent on an event last recorded inside a capture that has ended");
+    return cudaErrorStreamCaptureIsolation;
+  }
+  if (owner != nullptr) {  // recorded inside a capture: this stream joins it
+    if (st->capture == nullptr) {
+      st->capture = owner;
+      st->lane = owner->graph.lanes.size();
+      owner->graph.lanes.emplace_back();
+      owner->members.push_back(st);
+    } else if (st->capture != owner) {
+      return cudaErrorStreamCaptureIsolation;
+    }
+    add(st, Node{Node::Wait, nullptr, node});
+    return cudaSuccess;
+  }
+  // An event recorded outside: inside a capture only as an external wait.
+  if (st->capture != nullptr) return cudaErrorStreamCaptureIsolation;
+  if (target > 0) waitFor(st, ev, target);  // never recorded: nothing to wait for
   return cudaSuccess;
 }
 
@@ -171,35 +241,54 @@ cudaError_t eventDestroy(cudaEvent_t e) {
   return cudaSuccess;
 }
 
-cudaError_t record(cudaEvent_t e, cudaStream_t s) {
+void complete(Event* ev, uint64_t generation) {
+  std::lock_guard<std::mutex> lock(ev->mutex);
+  ev->completed = std::max(ev->completed, generation);
+  ev->done.notify_all();
+}
+
+cudaError_t record(cudaEvent_t e, cudaStream_t s, bool external) {
+  Stream* st = stream(s);
   Event* ev = event(e);
+  if (st->capture != nullptr) {
+    if (external) {
+      add(st, Node{Node::RecordExternal, nullptr, 0, ev});
+    } else {
+      std::lock_guard<std::mutex> lock(ev->mutex);
+      ev->capturedIn = st->capture;
+      ev->node = st->capture->graph.records++;
+      st->capture->events.push_back(ev);
+      add(st, Node{Node::Record, nullptr, ev->node});
+    }
+    return cudaSuccess;
+  }
+  if (external) return cudaErrorInvalidValue;  // only inside a capture
   uint64_t generation;
   {
     std::lock_guard<std::mutex> lock(ev->mutex);
     generation = ++ev->recorded;
+    ev->capturedIn = nullptr;
   }
-  stream(s)->push([ev, generation] {
-    std::lock_guard<std::mutex> lock(ev->mutex);
-    ev->completed = std::max(ev->completed, generation);
-    ev->done.notify_all();
-  });
+  st->push([ev, generation] { complete(ev, generation); });
   return cudaSuccess;
 }
 
 cudaError_t eventRecord(cudaEvent_t e, cudaStream_t s) {
   count("cudaEventRecord");
-  return record(e, s);
+  return record(e, s, false);
 }
 
-cudaError_t eventRecordWithFlags(cudaEvent_t e, cudaStream_t s, unsigned int) {
+cudaError_t eventRecordWithFlags(cudaEvent_t e, cudaStream_t s, unsigned int flags) {
   count("cudaEventRecordWithFlags");
-  return record(e, s);
+  return record(e, s, (flags & cudaEventRecordExternal) != 0);
 }
 
 cudaError_t eventQuery(cudaEvent_t e) {
   count("cudaEventQuery");
   Event* ev = event(e);
   std::lock_guard<std::mutex> lock(ev->mutex);
+  if (ev->capturedIn != nullptr && ev->capturedIn != kEndedCapture)
+    return cudaErrorStreamCaptureUnsupported;
   return ev->completed >= ev->recorded ? cudaSuccess : cudaErrorNotReady;
 }
 
@@ -325,9 +414,12 @@ void match(World& w, std::pair<int, int> key) {
   }
 }
 
-// One group's stream work: post every operation, wait until all completed or the communicator
-// was aborted.
-void runGroup(Comm* c, std::vector<std::shared_ptr<Operation>> ops, bool stalled) {
+// One group's stream work: post fresh copies of its operations (a graph runs it again at every
+// launch), wait until all completed or the communicator was aborted.
+void runGroup(Comm* c, const std::vector<std::shared_ptr<Operation>>& posted, bool stalled,
+              bool counted) {
+  std::vector<std::shared_ptr<Operation>> ops;
+  for (auto& op : posted) ops.push_back(std::make_shared<Operation>(*op));
   World& w = *c->world;
   std::unique_lock<std::mutex> lock(w.mutex);
   if (!stalled && !c->aborted) {
@@ -341,7 +433,7 @@ void runGroup(Comm* c, std::vector<std::shared_ptr<Operation>> ops, bool stalled
   w.changed.wait(lock, [&] {
     return c->aborted || std::all_of(ops.begin(), ops.end(), [](auto& op) { return op->done; });
   });
-  --c->pending;
+  if (counted) --c->pending;
   w.changed.notify_all();
 }
 
@@ -369,12 +461,13 @@ bool connect(Comm* c, const std::vector<std::shared_ptr<Operation>>& ops, bool s
 }
 
 void enqueue(Comm* c, std::vector<std::shared_ptr<Operation>> ops, bool stalled) {
-  cudaStream_t s = ops.front()->stream;
-  {
+  Stream* st = stream(ops.front()->stream);
+  const bool counted = st->capture == nullptr;  // finalize waits for eager work only
+  if (counted) {
     std::lock_guard<std::mutex> lock(c->world->mutex);
     ++c->pending;
   }
-  stream(s)->push([c, ops, stalled] { runGroup(c, ops, stalled); });
+  submit(st, [c, ops, stalled, counted] { runGroup(c, ops, stalled, counted); });
 }
 
 // Runs `work` as the communicator's non-blocking call in progress.
@@ -623,7 +716,87 @@ GpuApi makeApi() {
 
 void launch(cudaStream_t s, std::function<void()> work) {
   count("launch");
-  stream(s)->push(std::move(work));
+  submit(stream(s), std::move(work));
+}
+
+void beginCapture(cudaStream_t s) {
+  Stream* st = stream(s);
+  st->capture = new Capture();
+  st->lane = 0;
+  st->capture->graph.lanes.emplace_back();
+  st->capture->members.push_back(st);
+}
+
+uintptr_t endCapture(cudaStream_t s) {
+  Stream* st = stream(s);
+  Capture* capture = st->capture;
+  if (capture == nullptr || st->lane != 0) return 0;
+  for (Stream* member : capture->members) member->capture = nullptr;
+  for (Event* ev : capture->events) {
+    std::lock_guard<std::mutex> lock(ev->mutex);
+    if (ev->capturedIn == capture) ev->capturedIn = kEndedCapture;
+  }
+  auto* graph = new Graph(std::move(capture->graph));  // kept for the process (tests)
+  delete capture;
+  return reinterpret_cast<uintptr_t>(graph);
+}
+
+void launchGraph(uintptr_t handle, cudaStream_t s) {
+  const Graph& graph = *reinterpret_cast<const Graph*>(handle);
+  Stream* origin = stream(s);
+  // This launch's events: one per record inside the graph, and a start the other lanes wait on.
+  auto events = std::make_shared<std::vector<Event>>(graph.records + 1);
+  Event* start = &events->back();
+  start->recorded = 1;
+  origin->push([start] { complete(start, 1); });
+  // External waits take the latest record before this launch; its own external records follow.
+  std::vector<std::vector<uint64_t>> targets(graph.lanes.size());
+  for (size_t lane = 0; lane < graph.lanes.size(); ++lane)
+    for (const Node& node : graph.lanes[lane]) {
+      if (node.kind != Node::WaitExternal) continue;
+      std::lock_guard<std::mutex> lock(node.event->mutex);
+      targets[lane].push_back(node.event->recorded);
+    }
+  std::vector<Stream*> lanes{origin};
+  for (size_t lane = 1; lane < graph.lanes.size(); ++lane) lanes.push_back(new Stream());
+  for (size_t lane = 0; lane < graph.lanes.size(); ++lane) {
+    Stream* st = lanes[lane];
+    if (lane > 0) waitFor(st, start, 1);
+    size_t external = 0;
+    for (const Node& node : graph.lanes[lane]) {
+      Event* ev = nullptr;
+      switch (node.kind) {
+        case Node::Work:
+          st->push(node.work);
+          break;
+        case Node::Record:
+          ev = &(*events)[node.record];
+          st->push([events, ev] { complete(ev, 1); });
+          break;
+        case Node::Wait:
+          waitFor(st, &(*events)[node.record], 1);
+          break;
+        case Node::RecordExternal: {
+          uint64_t generation;
+          {
+            std::lock_guard<std::mutex> lock(node.event->mutex);
+            generation = ++node.event->recorded;
+          }
+          Event* target = node.event;
+          st->push([target, generation] { complete(target, generation); });
+          break;
+        }
+        case Node::WaitExternal:
+          if (const uint64_t target = targets[lane][external++]) waitFor(st, node.event, target);
+          break;
+      }
+    }
+  }
+  // The capture joined every lane back into the origin, which frees the others once done.
+  std::vector<Stream*> others(lanes.begin() + 1, lanes.end());
+  origin->push([others, events] {
+    for (Stream* st : others) delete st;
+  });
 }
 
 const GpuApi& api() {

@@ -1,7 +1,7 @@
 // Test-only: a host implementation of GpuApi (csrc/cuda/gpu_api.h) with CUDA's and NCCL's
 // semantics, so the CPU tests drive the real NcclTransport, ranks as threads of one process:
 //   streams    a worker thread each, running its work in order (handle 0: the calling thread's
-//              own default stream, as with per-thread default streams);
+//              own default stream, as with per-thread default streams), and graph capture;
 //   events     a record completes when its stream reaches it; a wait holds the waiting stream
 //              until the event's latest record (at the time of the wait call) completes;
 //   memory     "device" memory is host memory;
@@ -31,6 +31,15 @@ const GpuApi& api();
 
 // Host work on `stream` in its order (what a kernel launch is on a GPU).
 void launch(cudaStream_t stream, std::function<void()> work);
+
+// Stream capture: work and events on `stream`, and on every stream that waits on an event it
+// recorded, go into a graph until endCapture, which returns it; launchGraph runs it on a
+// stream (every launch on streams of its own, joined back into that one). Events recorded or
+// waited on with cudaEventRecordExternal / cudaEventWaitExternal inside it are recorded and
+// waited on at each launch.
+void beginCapture(cudaStream_t stream);
+uintptr_t endCapture(cudaStream_t stream);
+void launchGraph(uintptr_t graph, cudaStream_t stream);
 
 // A fresh ncclUniqueId's bytes.
 std::string uniqueId();
