@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 import tempfile
+import time
 
 import torch
 import torch.distributed as dist
@@ -23,6 +24,20 @@ def _time(fn, iters, warmup):
     torch.cuda.synchronize()
     dist.barrier(device_ids=[0])
     return time_per_call(fn, iters, warmup=0)
+
+
+def _host_time(fn, iters):
+    """Seconds the host spends in one call (enqueueing its NCCL groups and kernels), after a
+    synchronize: the per-step host cost the GPU work has to hide."""
+    torch.cuda.synchronize()
+    dist.barrier(device_ids=[0])
+    spent = 0.0
+    for _ in range(iters):
+        start = time.perf_counter()
+        fn()
+        spent += time.perf_counter() - start
+    torch.cuda.synchronize()
+    return spent / iters
 
 
 def _rank(rank, world, store_path, sizes_mib, iters, warmup, slices, out_path):
@@ -58,6 +73,10 @@ def _rank(rank, world, store_path, sizes_mib, iters, warmup, slices, out_path):
         for slice_bytes in slices:
             comm.slice_bytes = slice_bytes
             t_ours = _time(ours, iters, warmup)
+            host = _host_time(ours, iters)
+            # One NCCL group per receive: 2(n-1) steps of `columns` slices each.
+            columns = _C.testing.column_count(_C.Primitive.all_reduce, world, n, slice_bytes // 4)
+            receives = 2 * (world - 1) * columns
             x.fill_(float(rank + 1))
             ours()
             torch.cuda.synchronize()
@@ -67,12 +86,15 @@ def _rank(rank, world, store_path, sizes_mib, iters, warmup, slices, out_path):
                          "ringcomm_us": t_ours * 1e6, "nccl_us": t_nccl * 1e6,
                          "ringcomm_busbw_GBps": (mib << 20) / t_ours / 1e9 * factor,
                          "nccl_busbw_GBps": (mib << 20) / t_nccl / 1e9 * factor,
-                         "ratio": t_nccl / t_ours, "correct": correct})
+                         "ratio": t_nccl / t_ours, "correct": correct,
+                         "host_us": host * 1e6, "receives": receives,
+                         "host_us_per_receive": host * 1e6 / max(receives, 1)})
             if rank == 0:
                 r = rows[-1]
                 print(f"world {world} {mib:5d} MiB slice {slice_bytes >> 20:3d} MiB  ringcomm "
                       f"{r['ringcomm_busbw_GBps']:7.1f} GB/s  nccl {r['nccl_busbw_GBps']:7.1f} GB/s"
-                      f"  ratio {r['ratio']:.3f}  correct={correct}", flush=True)
+                      f"  ratio {r['ratio']:.3f}  host {r['host_us_per_receive']:.1f} us/receive"
+                      f"  correct={correct}", flush=True)
                 if out_path:  # after every row: a run cut short still reports
                     with open(out_path, "w") as f:
                         json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f,
