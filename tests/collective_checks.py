@@ -9,6 +9,15 @@ from sweep import DTYPES, OPS, make_input, op_valid, reduce_reference, wrong
 VALID = [(dtype, op) for dtype in DTYPES for op in OPS if op_valid(op, dtype)]
 
 
+def one_dtype_per_op():
+    """Every op once, the dtypes taking turns, so that every dtype shows up too."""
+    cases = []
+    for i, op in enumerate(OPS):
+        valid = [dtype for dtype in DTYPES if op_valid(op, dtype)]
+        cases.append((valid[i % len(valid)], op))
+    return cases
+
+
 def counts_for(n):
     """Awkward counts: 0, 1, fewer elements than ranks, one more than ranks, a prime, 1000."""
     return sorted({0, 1, max(n - 1, 0), n + 1, 7, 1000})

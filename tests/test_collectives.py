@@ -5,20 +5,13 @@ and returns every mismatch, nccl-tests style (#wrong elements per case)."""
 import pytest
 import torch
 
-from collective_checks import VALID, Checker, counts_for
+from collective_checks import VALID, Checker, counts_for, one_dtype_per_op
 from launcher import launch
-from sweep import DTYPES, OPS, op_valid
+from sweep import DTYPES, OPS
 
 BIG_PRIME = 1_000_003
 BIG_CASES = [(torch.float32, "sum"), (torch.float32, "avg"), (torch.bfloat16, "sum"),
              (torch.float16, "max"), (torch.int64, "bxor"), (torch.int8, "prod")]
-def one_dtype_per_op():
-    """Every op once, the dtypes taking turns, so that every dtype shows up too."""
-    cases = []
-    for i, op in enumerate(OPS):
-        valid = [dtype for dtype in DTYPES if op_valid(op, dtype)]
-        cases.append((valid[i % len(valid)], op))
-    return cases
 
 
 # World size: (dtype x op cases, counts, the copies' dtypes, big cases). Every dtype x op x

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from host_gpu_world import host_gpu, host_nccl_backend, raise_first, run_ranks  # noqa: I100
-from collective_checks import VALID, Checker, counts_for
-from sweep import DTYPES, OPS, op_valid
+from collective_checks import VALID, Checker, counts_for, one_dtype_per_op
+from sweep import DTYPES
 
 from ringcomm import _C
 
@@ -24,14 +24,6 @@ def _sweep(cases, copy_dtypes):
                 checker.copies(count, dtype)
         return checker.failures, checker.cases
     return body
-
-
-def _one_dtype_per_op():
-    cases = []
-    for i, op in enumerate(OPS):
-        valid = [dtype for dtype in DTYPES if op_valid(op, dtype)]
-        cases.append((valid[i % len(valid)], op))
-    return cases
 
 
 def _check(results):
@@ -50,7 +42,7 @@ def test_every_dtype_op_and_primitive_is_exact(n):
 @pytest.mark.parametrize("n", [4, 5, 6, 7, 8])
 def test_every_plan_is_exact_at_larger_worlds(n):
     with host_nccl_backend(slice_bytes=512, slots=4):
-        _check(run_ranks(n, _sweep(_one_dtype_per_op(), [torch.float32, torch.int8])))
+        _check(run_ranks(n, _sweep(one_dtype_per_op(), [torch.float32, torch.int8])))
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 8])
