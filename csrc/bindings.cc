@@ -230,11 +230,11 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "all_reduce",
           [](Comm& c, uintptr_t data, size_t n, DataType t, RedOp op, std::optional<DataType> wire,
-             float scale, uintptr_t stream, Algorithm algorithm) {
-            c.allReduce(address(data), n, t, op, wire.value_or(t), scale, stream, algorithm);
+             uintptr_t stream, Algorithm algorithm) {
+            c.allReduce(address(data), n, t, op, wire.value_or(t), stream, algorithm);
           },
           py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("op"),
-          py::arg("wire_dtype") = py::none(), py::arg("scale") = 1.0f, py::arg("stream") = 0,
+          py::arg("wire_dtype") = py::none(), py::arg("stream") = 0,
           py::arg("algorithm") = Algorithm::Ring, release)
       .def("resolve_algorithm", &Comm::resolveAlgorithm, py::arg("algorithm"),
            py::arg("primitive"), py::arg("bytes"),
