@@ -45,7 +45,7 @@ import run  # bench/run.py: the launcher (it finds ringcomm in a source checkout
 from collectives import COLLECTIVES
 
 import ringcomm  # noqa: E402 (after run, which puts a checkout's ringcomm on the path)
-from ringcomm.options import ALGORITHMS, CommOptions  # noqa: E402
+from ringcomm.options import ALGORITHMS, THRESHOLDS, CommOptions  # noqa: E402
 
 SELECTOR, REFERENCE, BASELINE = "auto", "ring", "gloo"
 # Collectives to tune, where their Communicator call takes algorithm=.
@@ -81,15 +81,17 @@ def one_hop(names):
 def select(size, thresholds, fallback=REFERENCE, collective="all_reduce", world=4):
     """The algorithm `auto` runs at `size` with these thresholds ({algorithm: max_bytes}): the
     communicator's own rule (_C.choose_algorithm), its 2-rank rule included. all_reduce's
-    thresholds are named after its algorithms; reduce_scatter and all_gather run one_shot up to
-    two_shot_max_bytes (one_shot is their two_shot half). An algorithm not measured reads as
-    the fallback."""
+    thresholds are its algorithms' <name>_max_bytes; reduce_scatter and all_gather run one_shot
+    up to two_shot_max_bytes (one_shot is their two_shot half). An algorithm not measured is
+    never chosen (0), and one chosen but not measured reads as the fallback."""
+    limits = dict.fromkeys(THRESHOLDS, 0)
     if collective == "all_reduce":
-        one_shot, two_shot = thresholds.get("one_shot", 0), thresholds.get("two_shot", 0)
+        limits.update({f"{name}_max_bytes": max_bytes for name, max_bytes in thresholds.items()
+                       if f"{name}_max_bytes" in limits})
     else:
-        one_shot, two_shot = 0, thresholds.get("one_shot", 0)
+        limits["two_shot_max_bytes"] = thresholds.get("one_shot", 0)
     chosen = ringcomm._C.choose_algorithm(ringcomm._C.Primitive.__members__[collective], size,
-                                          world, one_shot, two_shot).name
+                                          world, limits).name
     return chosen if chosen in thresholds else fallback
 
 

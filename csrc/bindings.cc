@@ -4,7 +4,9 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <map>
 #include <optional>
+#include <string>
 
 #include "cpu/cpu_reducer.h"
 #include "cpu/shm_p2p.h"
@@ -69,6 +71,26 @@ ShmOptions shmOptions(size_t slotBytes, uint32_t slotCount, double timeout, int 
   return options;
 }
 
+// CommOptions' field for an algorithm's auto threshold: "<name>_max_bytes".
+std::string thresholdName(const AlgorithmInfo& row) { return std::string(row.name) + "_max_bytes"; }
+
+// Thresholds by their CommOptions names; the ones not given keep kAlgorithms' defaults.
+AlgorithmThresholds thresholdsFrom(const std::map<std::string, size_t>& given) {
+  AlgorithmThresholds thresholds;
+  std::map<std::string, size_t> unknown = given;
+  std::string known;
+  for (const AlgorithmInfo& row : kAlgorithms) {
+    if (!row.autoMaxBytes) continue;
+    const std::string name = thresholdName(row);
+    known += (known.empty() ? "" : ", ") + name;
+    if (auto it = given.find(name); it != given.end()) thresholds.set(row.algorithm, it->second);
+    unknown.erase(name);
+  }
+  RC_CHECK(unknown.empty(), "unknown threshold '", unknown.begin()->first, "'; the algorithms' are ",
+           known);
+  return thresholds;
+}
+
 py::dict buildInfo() {
   py::dict info;
 #ifdef RINGCOMM_WITH_CUDA
@@ -110,9 +132,9 @@ PYBIND11_MODULE(_C, m) {
     algorithmPrimitives[row.name] = plans;
   }
   m.attr("ALGORITHM_PRIMITIVES") = algorithmPrimitives;
-  py::dict thresholds;  // CommOptions' defaults
-  thresholds["one_shot_max_bytes"] = AlgorithmThresholds{}.oneShotMaxBytes;
-  thresholds["two_shot_max_bytes"] = AlgorithmThresholds{}.twoShotMaxBytes;
+  py::dict thresholds;  // CommOptions' threshold fields and their defaults, in table order
+  for (const AlgorithmInfo& row : kAlgorithms)
+    if (row.autoMaxBytes) thresholds[thresholdName(row).c_str()] = *row.autoMaxBytes;
   m.attr("DEFAULT_THRESHOLDS") = thresholds;
   py::list planned;  // the collectives the schedule covers, in enum order
   for (const PrimitiveInfo& row : kPrimitives)
@@ -161,14 +183,15 @@ PYBIND11_MODULE(_C, m) {
       py::arg("algorithm") = Algorithm::Ring);
   m.def(
       "choose_algorithm",
-      [](Primitive primitive, size_t bytes, int worldSize, size_t oneShotMaxBytes,
-         size_t twoShotMaxBytes, bool publications) {
+      [](Primitive primitive, size_t bytes, int worldSize,
+         const std::map<std::string, size_t>& thresholds, bool publications) {
         return chooseAlgorithm(primitive, bytes, worldSize, publications,
-                               AlgorithmThresholds{oneShotMaxBytes, twoShotMaxBytes});
+                               thresholdsFrom(thresholds));
       },
       py::arg("primitive"), py::arg("bytes"), py::arg("world_size"),
-      py::arg("one_shot_max_bytes"), py::arg("two_shot_max_bytes"),
-      py::arg("publications") = true, "What algorithm=auto runs (the communicator's own rule)");
+      py::arg("thresholds") = std::map<std::string, size_t>{}, py::arg("publications") = true,
+      "What algorithm=auto runs (the communicator's own rule); thresholds by name "
+      "(DEFAULT_THRESHOLDS' keys; the ones not given keep their defaults)");
   py::class_<Transport, std::shared_ptr<Transport>>(m, "Transport")
       .def("abort", &Transport::abort);
   py::class_<Reducer, std::shared_ptr<Reducer>>(m, "Reducer");
@@ -212,17 +235,13 @@ PYBIND11_MODULE(_C, m) {
   py::class_<Comm, std::shared_ptr<Comm>>(m, "Communicator")
       .def(py::init([](int rank, int worldSize, std::shared_ptr<Transport> transport,
                        std::shared_ptr<Reducer> reducer, size_t sliceBytes,
-                       std::optional<size_t> oneShotMaxBytes,
-                       std::optional<size_t> twoShotMaxBytes) {
-             CommunicatorOptions options{sliceBytes, {}};
-             if (oneShotMaxBytes) options.thresholds.oneShotMaxBytes = *oneShotMaxBytes;
-             if (twoShotMaxBytes) options.thresholds.twoShotMaxBytes = *twoShotMaxBytes;
+                       const std::map<std::string, size_t>& thresholds) {
+             CommunicatorOptions options{sliceBytes, thresholdsFrom(thresholds)};
              return std::make_shared<Comm>(rank, worldSize, std::move(transport),
                                            std::move(reducer), options);
            }),
            py::arg("rank"), py::arg("world_size"), py::arg("transport"), py::arg("reducer"),
-           py::arg("slice_bytes"), py::arg("one_shot_max_bytes") = py::none(),
-           py::arg("two_shot_max_bytes") = py::none())
+           py::arg("slice_bytes"), py::arg("thresholds") = std::map<std::string, size_t>{})
       .def_property_readonly("rank", &Comm::rank)
       .def_property_readonly("world_size", &Comm::worldSize)
       .def_property_readonly("failure", &Comm::failure)
@@ -230,11 +249,11 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "all_reduce",
           [](Comm& c, uintptr_t data, size_t n, DataType t, RedOp op, std::optional<DataType> wire,
-             float scale, uintptr_t stream, Algorithm algorithm) {
-            c.allReduce(address(data), n, t, op, wire.value_or(t), scale, stream, algorithm);
+             uintptr_t stream, Algorithm algorithm) {
+            c.allReduce(address(data), n, t, op, wire.value_or(t), stream, algorithm);
           },
           py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("op"),
-          py::arg("wire_dtype") = py::none(), py::arg("scale") = 1.0f, py::arg("stream") = 0,
+          py::arg("wire_dtype") = py::none(), py::arg("stream") = 0,
           py::arg("algorithm") = Algorithm::Ring, release)
       .def("resolve_algorithm", &Comm::resolveAlgorithm, py::arg("algorithm"),
            py::arg("primitive"), py::arg("bytes"),

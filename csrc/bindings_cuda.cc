@@ -35,16 +35,16 @@ void bindCuda(py::module_& m) {
   bindHostGpu(testing);
   testing.def("reduce_kernel",
         [](uintptr_t out0, uintptr_t out1, uintptr_t a, uintptr_t b, size_t n, DataType type,
-           RedOp op, int divisor, bool finalize, float scale, uintptr_t stream,
+           RedOp op, int divisor, bool finalize, uintptr_t stream,
            std::optional<DataType> wire) {
           std::string why;  // collectives check this in Communicator::prepare
           RC_CHECK(opSupported(op, type, &why), why);
-          reduceOnDevice(out0, out1, a, b, n, type, op, divisor, finalize, scale, stream,
+          reduceOnDevice(out0, out1, a, b, n, type, op, divisor, finalize, stream,
                          wire.value_or(type));
         },
         py::arg("out0"), py::arg("out1"), py::arg("a"), py::arg("b"), py::arg("n"),
         py::arg("dtype"), py::arg("op"), py::arg("divisor") = 1, py::arg("finalize") = false,
-        py::arg("scale") = 1.0f, py::arg("stream") = 0, py::arg("wire_dtype") = py::none(),
+        py::arg("stream") = 0, py::arg("wire_dtype") = py::none(),
         release,
         "Enqueues out0/out1 = op(a, b) on the current device; pointers are device addresses. "
         "With wire_dtype (float16/bfloat16 under float32), out1 and b are in wire_dtype");

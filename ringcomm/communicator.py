@@ -111,7 +111,7 @@ class Communicator(PointToPoint):
         algorithm = self._algorithm if algorithm is None else checks.algorithm(algorithm)
         wire = None if wire_dtype is None else as_c_dtype(wire_dtype)
         fast = None if async_op else cpu_array(tensor)
-        if fast is not None and self._now("all_reduce", (*fast, c_op, wire, 1.0, 0, algorithm)):
+        if fast is not None and self._now("all_reduce", (*fast, c_op, wire, 0, algorithm)):
             return tensor
         buf = checks.writable(tensor, "tensor")
         extra = {"algorithm": algorithm}

@@ -20,8 +20,7 @@ def create(rendezvous, options):
         transport.unlink_names()
     return _C.Communicator(rank, size, transport, _C.CpuReducer(),
                            options.slice_bytes or options.slot_bytes,
-                           one_shot_max_bytes=options.one_shot_max_bytes,
-                           two_shot_max_bytes=options.two_shot_max_bytes)
+                           thresholds=options.thresholds())
 
 
 backends.register(backends.Backend(

@@ -7,9 +7,7 @@ to the backends; nothing reads the environment at import time.
 | field | environment | default |
 |---|---|---|
 | timeout | - | ``torch.distributed.default_pg_timeout`` |
-| algorithm | RINGCOMM_ALGORITHM | ``"auto"`` (by size); or ``"ring"``, ``"one_shot"``, ``"two_shot"`` (ALGORITHMS); per call: ``algorithm=`` on all_reduce, reduce_scatter, all_gather; a collective the algorithm does not plan runs the ring |
-| one_shot_max_bytes | RINGCOMM_ONE_SHOT_MAX_BYTES | 8 KiB: ``auto`` all_reduce runs one_shot up to here |
-| two_shot_max_bytes | RINGCOMM_TWO_SHOT_MAX_BYTES | 0 (never): ``auto`` all_reduce runs two_shot up to here, reduce_scatter and all_gather one_shot |
+| algorithm | RINGCOMM_ALGORITHM | ``"auto"`` (by size, the thresholds below); or any other name in ALGORITHMS (``"ring"``, ``"one_shot"``, ...); per call: ``algorithm=`` on all_reduce, reduce_scatter, all_gather; a collective the algorithm does not plan runs the ring |
 | publish_bytes | RINGCOMM_SHM_PUBLISH_BYTES | 256 KiB: CPU publication size per rank and round (one-hop algorithms) |
 | slice_bytes | - | the CPU transport's slot size; ``cuda_slice_bytes`` on CUDA |
 | cuda_slice_bytes | RINGCOMM_CUDA_SLICE_BYTES | 4 MiB |
@@ -21,6 +19,13 @@ to the backends; nothing reads the environment at import time.
 | check_finite | RINGCOMM_CHECK_FINITE (1) | off |
 
 docs/design.md says how slots, slices, waits and thresholds were chosen.
+
+``auto``'s thresholds: one field per algorithm it picks by size, with the algorithm table's
+defaults (csrc/include/ringcomm/algorithms.h; ``THRESHOLDS``). It runs all_reduce one_shot up to
+one_shot_max_bytes, else two_shot up to two_shot_max_bytes, else the ring; reduce_scatter and
+all_gather one_shot (two_shot's halves) up to two_shot_max_bytes; at 2 ranks only one_shot
+all_reduce (the ring takes no more hops there).
+
 """
 import dataclasses
 import os
@@ -28,13 +33,16 @@ import os
 from . import _C
 from .rendezvous import timeout_seconds
 
-# Algorithm names, from the C++ table (kAlgorithms in csrc/include/ringcomm/types.h): "ring";
+# Algorithm names, from the C++ table (kAlgorithms in csrc/include/ringcomm/algorithms.h): "ring";
 # "one_shot" (all_reduce, reduce_scatter, all_gather) and "two_shot" (all_reduce) read every
 # rank's publication in one hop (CPU shared memory); "auto" picks by size (the *_max_bytes
 # thresholds), the same on every rank. ALGORITHM_PRIMITIVES: the collectives each one runs.
 ALGORITHMS = tuple(_C.Algorithm.__members__)
 ALGORITHM_PRIMITIVES = {name: tuple(primitives)
                         for name, primitives in _C.ALGORITHM_PRIMITIVES.items()}
+# auto's thresholds, {field: default}, from the same table: "<algorithm>_max_bytes" for every
+# algorithm auto picks by size, set by RINGCOMM_<ALGORITHM>_MAX_BYTES.
+THRESHOLDS = dict(_C.DEFAULT_THRESHOLDS)
 
 
 def check_algorithm(name, primitive=None):
@@ -64,8 +72,7 @@ def _size(text):
 # field: (environment variable, parser)
 _ENVIRONMENT = {
     "algorithm": ("RINGCOMM_ALGORITHM", str.lower),
-    "one_shot_max_bytes": ("RINGCOMM_ONE_SHOT_MAX_BYTES", int),
-    "two_shot_max_bytes": ("RINGCOMM_TWO_SHOT_MAX_BYTES", int),
+    **{field: (f"RINGCOMM_{field.upper()}", int) for field in THRESHOLDS},
     "publish_bytes": ("RINGCOMM_SHM_PUBLISH_BYTES", _size),
     "cuda_slice_bytes": ("RINGCOMM_CUDA_SLICE_BYTES", _size),
     "slot_bytes": ("RINGCOMM_SHM_SLOT_BYTES", _size),
@@ -78,7 +85,7 @@ _ENVIRONMENT = {
 
 
 @dataclasses.dataclass(frozen=True)
-class CommOptions:
+class _Options:
     """How a :class:`ringcomm.Communicator` runs; ``None`` means the environment, else the
     default (see the module's table). Pass one, or its fields as keywords, to the Communicator.
 
@@ -90,9 +97,6 @@ class CommOptions:
 
     timeout: object = None  # seconds or a datetime.timedelta
     algorithm: str = None  # the default for all_reduce, reduce_scatter and all_gather
-    one_shot_max_bytes: int = None  # auto: the largest all_reduce that runs one_shot
-    two_shot_max_bytes: int = None  # auto: the largest that runs two_shot (all_reduce) or
-    #                                 one_shot (reduce_scatter, all_gather: their input/output)
     publish_bytes: int = None  # CPU: one publication (per rank and round) of one-hop algorithms
     slice_bytes: int = None  # pipelining granularity on every device
     cuda_slice_bytes: int = None
@@ -118,8 +122,7 @@ class CommOptions:
         crowded = world_size > (os.cpu_count() or 1)  # the host's cores: every rank agrees
         defaults = {
             "algorithm": "auto",
-            # Measured crossovers, from the C++ (algorithms.h; docs/design.md).
-            **_C.DEFAULT_THRESHOLDS,
+            **THRESHOLDS,  # measured crossovers (algorithms.h; docs/design.md)
             "publish_bytes": 256 * 1024,
             "cuda_slice_bytes": 4 << 20,
             "slot_bytes": (32 if crowded else 64) * 1024,
@@ -137,3 +140,29 @@ class CommOptions:
         check_algorithm(values["algorithm"])
         values["debug"], values["check_finite"] = bool(values["debug"]), bool(values["check_finite"])
         return dataclasses.replace(self, timeout=timeout_seconds(self.timeout), **values)
+
+    def thresholds(self):
+        """{field: bytes} of auto's thresholds, as the C++ communicator takes them."""
+        return {field: getattr(self, field) for field in THRESHOLDS}
+
+
+# _Options' fields, then a threshold field for every algorithm auto picks by size (THRESHOLDS):
+# a new algorithm's threshold needs no edit here.
+CommOptions = dataclasses.make_dataclass(
+    "CommOptions", [(field, int, None) for field in THRESHOLDS], bases=(_Options,), frozen=True,
+    namespace={"__doc__": _Options.__doc__, "__module__": __name__})
+
+
+def _threshold_rows():
+    """The thresholds' rows of the module's table, from the C++ table's defaults."""
+    rows = ["| field | environment | default |", "|---|---|---|"]
+    for field, default in THRESHOLDS.items():
+        algorithm = field.removesuffix("_max_bytes")
+        size = f"{default // 1024} KiB" if default and default % 1024 == 0 else f"{default} B"
+        rows.append(f"| {field} | {_ENVIRONMENT[field][0]} | "
+                    f"{size if default else '0 (never)'}: ``auto`` runs {algorithm} up to here |")
+    return "\n".join(rows) + "\n"
+
+
+if __doc__:  # not under python -OO
+    __doc__ += _threshold_rows()

@@ -149,9 +149,9 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
 
         def body():
             for t in tensors:
-                fast = cpu_array(t)  # then wire_dtype, scale, stream and algorithm, positionally
+                fast = cpu_array(t)  # then wire_dtype, stream and algorithm, positionally
                 if fast is None or not comm._now("all_reduce",
-                                                 (*fast, op, None, 1.0, 0, comm._algorithm)):
+                                                 (*fast, op, None, 0, comm._algorithm)):
                     with _Contiguous(t) as c:
                         comm.all_reduce(c, op.name)
 

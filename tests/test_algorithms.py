@@ -10,12 +10,12 @@ import torch
 
 import ringcomm
 from launcher import launch
-from ringcomm.options import ALGORITHM_PRIMITIVES
+from ringcomm.options import ALGORITHM_PRIMITIVES, ALGORITHMS
 from sweep import DTYPES, OPS, make_input, op_valid, reduce_reference, wrong
 
 # Small publications, so that a few hundred elements already take several rounds.
 PUBLISH_BYTES = 256
-ONE_HOP = ("one_shot", "two_shot", "auto")
+ONE_HOP = tuple(a for a in ALGORITHMS if a != "ring")  # every algorithm the table adds, auto too
 WIRES = (torch.bfloat16, torch.float16)
 
 
@@ -230,7 +230,8 @@ def test_auto_thresholds_pick_by_size_on_shared_memory():
     A, P = C.Algorithm, C.Primitive
     def communicator(world):  # transports not connected: choosing needs no peer
         return C.Communicator(0, world, C.ShmTransport(0, world, 4096, 4, 5.0, 0), C.CpuReducer(),
-                              4096, one_shot_max_bytes=100, two_shot_max_bytes=1000)
+                              4096, thresholds={"one_shot_max_bytes": 100,
+                                                "two_shot_max_bytes": 1000})
 
     sizes = (0, 100, 101, 1000, 1001)
     comm = communicator(3)

@@ -57,6 +57,29 @@ def test_the_options_table_names_every_field_and_variable():
     assert all(rows[f] == "-" for f in fields if f not in ringcomm.options._ENVIRONMENT)
 
 
+def test_the_algorithm_table_owns_the_thresholds(monkeypatch):
+    """CommOptions' thresholds are the C++ algorithm table's (algorithms.h): a field and a
+    RINGCOMM_ variable per algorithm auto picks by size, defaulting to the table's value, shown
+    in the options table; the binding takes them by name and refuses names it does not have."""
+    C = ringcomm._C
+    defaults = dict(C.DEFAULT_THRESHOLDS)
+    assert set(defaults) >= {"one_shot_max_bytes", "two_shot_max_bytes"}
+    assert set(defaults) <= {f.name for f in dataclasses.fields(ringcomm.CommOptions)}
+    for field in defaults:
+        monkeypatch.delenv(f"RINGCOMM_{field.upper()}", raising=False)
+    assert ringcomm.CommOptions(timeout=5).resolved(world_size=2).thresholds() == defaults
+    monkeypatch.setenv("RINGCOMM_TWO_SHOT_MAX_BYTES", "4096")
+    assert ringcomm.CommOptions(timeout=5).resolved(world_size=2).two_shot_max_bytes == 4096
+    one_shot = defaults["one_shot_max_bytes"]
+    assert f"| one_shot_max_bytes | RINGCOMM_ONE_SHOT_MAX_BYTES | {one_shot // 1024} KiB" in \
+        ringcomm.options.__doc__
+    P, A = C.Primitive, C.Algorithm
+    assert C.choose_algorithm(P.all_reduce, one_shot, 4) == A.one_shot  # the defaults
+    assert C.choose_algorithm(P.all_reduce, one_shot, 4, {"one_shot_max_bytes": 0}) == A.ring
+    with pytest.raises(ringcomm.RingcommError, match="unknown threshold 'three_shot_max_bytes'"):
+        C.choose_algorithm(P.all_reduce, 8, 4, {"three_shot_max_bytes": 1})
+
+
 def test_options_resolve_explicit_then_environment_then_default(monkeypatch):
     for name in ("RINGCOMM_SHM_SLOTS", "RINGCOMM_SHM_SLOT_BYTES", "RINGCOMM_DEBUG", "RINGCOMM_ALGORITHM"):
         monkeypatch.delenv(name, raising=False)

@@ -56,7 +56,7 @@ def _random(dtype, n, gen):
     return torch.randint(lo, hi, (n,), generator=gen, device="cuda", dtype=torch.int64).to(t)
 
 
-def _reference(dtype, op, a, b, divisor, finalize, scale):
+def _reference(dtype, op, a, b, divisor, finalize):
     """What the CPU reducer computes: floats in float32 (float64 for float64), ints wrapping."""
     t = DTYPES[dtype]
     if dtype == "bool":
@@ -87,17 +87,15 @@ def _reference(dtype, op, a, b, divisor, finalize, scale):
         r = ((x != 0) | (y != 0)).to(acc)
     if op == "avg" and finalize and divisor != 1:
         r = r / divisor if dtype in FLOATS else torch.div(r, divisor, rounding_mode="trunc")
-    if scale != 1.0:
-        r = r * torch.tensor(scale, dtype=torch.float32).to(acc)
     return r.to(t)
 
 
-def _run_kernel(dtype, op, out0, out1, a, b, n, divisor=1, finalize=False, scale=1.0):
+def _run_kernel(dtype, op, out0, out1, a, b, n, divisor=1, finalize=False):
     stream = torch.cuda.current_stream().cuda_stream
     _C.testing.reduce_kernel(out0.data_ptr() if out0 is not None else 0,
                              out1.data_ptr() if out1 is not None else 0,
                              a.data_ptr(), b.data_ptr(), n, getattr(_C.DataType, dtype),
-                             getattr(_C.RedOp, op), divisor, finalize, scale, stream)
+                             getattr(_C.RedOp, op), divisor, finalize, stream)
 
 
 def _assert_same(actual, expected, what):
@@ -124,7 +122,7 @@ def test_reduce_kernel_exact(dtype, op):
                 finalize = op == "avg"
                 _run_kernel(dtype, op, out0, out1 if off % 2 else None, a, b, n, 3, finalize)
                 torch.cuda.synchronize()
-                want = _reference(dtype, op, a, b, 3, finalize, 1.0)
+                want = _reference(dtype, op, a, b, 3, finalize)
                 what = f"{dtype} {op} n={n} offsets a={off} b={b_off}"
                 _assert_same(out0, want, what)
                 if off % 2:
@@ -134,14 +132,14 @@ def test_reduce_kernel_exact(dtype, op):
 
 
 @pytest.mark.parametrize("dtype", sorted(FLOATS))
-def test_reduce_kernel_scale_and_in_place(dtype):
+def test_reduce_kernel_in_place(dtype):
     gen = torch.Generator(device="cuda").manual_seed(7)
     n = 4099
     a, b = _random(dtype, n, gen), _random(dtype, n, gen)
-    want = _reference(dtype, "avg", a, b, 4, True, 0.5)
-    _run_kernel(dtype, "avg", a, None, a, b, n, divisor=4, finalize=True, scale=0.5)  # a = op(a, b)
+    want = _reference(dtype, "avg", a, b, 4, True)
+    _run_kernel(dtype, "avg", a, None, a, b, n, divisor=4, finalize=True)  # a = op(a, b)
     torch.cuda.synchronize()
-    _assert_same(a, want, f"{dtype} in-place avg with scale")
+    _assert_same(a, want, f"{dtype} in-place avg")
 
 
 # -- float32 buffers on a 16-bit wire -------------------------------------------------------------
@@ -194,12 +192,12 @@ def _cpu_wire_reduce(op, out0, out1, a, b, n, divisor, finalize, wire):
         pytest.skip("the CPU reducer takes no wire_dtype in this build")
 
 
-def _run_wire_kernel(op, out0, out1, a, b, n, wire, divisor=1, finalize=False, scale=1.0):
+def _run_wire_kernel(op, out0, out1, a, b, n, wire, divisor=1, finalize=False):
     stream = torch.cuda.current_stream().cuda_stream
     _C.testing.reduce_kernel(out0.data_ptr() if out0 is not None else 0,
                              out1.data_ptr() if out1 is not None else 0,
                              a.data_ptr(), b.data_ptr(), n, _C.DataType.float32,
-                             getattr(_C.RedOp, op), divisor, finalize, scale, stream,
+                             getattr(_C.RedOp, op), divisor, finalize, stream,
                              wire_dtype=getattr(_C.DataType, wire))
 
 
@@ -241,7 +239,7 @@ def test_wire_reduce_kernel_matches_cpu(wire, op):
 
 
 @pytest.mark.parametrize("wire", WIRES)
-def test_wire_reduce_kernel_in_place_and_scale(wire):
+def test_wire_reduce_kernel_in_place(wire):
     gen = torch.Generator(device="cuda").manual_seed(5)
     wt = DTYPES[wire]
     n = 4099
@@ -253,16 +251,6 @@ def test_wire_reduce_kernel_in_place_and_scale(wire):
     torch.cuda.synchronize()
     _assert_bits(a, c0, f"{wire} in-place avg out0")
     _assert_bits(b, c1, f"{wire} in-place avg out1")
-
-    # The fused scale applies before rounding to the wire, like the divisor.
-    x = (torch.randn(n, generator=gen, device="cuda") * 4).float()
-    y = (torch.randn(n, generator=gen, device="cuda") * 4).to(wt)
-    o0, o1 = torch.empty_like(x), torch.empty_like(y)
-    _run_wire_kernel("avg", o0, o1, x, y, n, wire, divisor=3, finalize=True, scale=0.5)
-    torch.cuda.synchronize()
-    want = (((x + y.float()) / 3) * torch.tensor(0.5, device="cuda")).to(wt)
-    _assert_bits(o1, want, f"{wire} scaled avg out1")
-    _assert_bits(o0, want.float(), f"{wire} scaled avg out0")
 
 
 def test_wire_reduce_kernel_rejects_bad_combinations():
@@ -324,9 +312,6 @@ def test_reduce_kernel_rejects_bad_combinations():
     x = torch.zeros(4, device="cuda")
     with pytest.raises(RuntimeError, match="only defined for integer"):
         _run_kernel("float32", "band", x, None, x, x, 4)
-    i = torch.zeros(4, dtype=torch.int32, device="cuda")
-    with pytest.raises(RuntimeError, match="scale"):
-        _run_kernel("int32", "sum", i, None, i, i, 4, scale=2.0)
 
 
 def test_copy_kernel():
@@ -494,13 +479,6 @@ def _stream_semantics(comm, ring, rank, world, store):
     side.synchronize()
     total = world * (world + 1) / 2
     assert torch.all(y == 2 * total), "stream order broken"
-
-    # Scaled all_reduce (DDP's pre-divided sum).
-    x.fill_(rank + 1.0)
-    comm.all_reduce(x.data_ptr(), n, _C.DataType.float32, _C.RedOp.sum, scale=1.0 / world,
-                    stream=torch.cuda.current_stream().cuda_stream)
-    torch.cuda.synchronize()
-    assert torch.allclose(x, torch.full_like(x, total / world))
 
     # query() answers for eager work even when the latest collective was captured in a graph.
     slow = torch.cuda.Stream()

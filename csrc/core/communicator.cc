@@ -43,15 +43,11 @@ void Communicator::checkRoot(int root, const char* name) const {
            worldSize_, "-rank communicator");
 }
 
-void Communicator::prepare(Collective& c, RedOp op, DataType type, DataType wireType,
-                           float scale) {
+void Communicator::prepare(Collective& c, RedOp op, DataType type, DataType wireType) {
   std::string why;
   RC_CHECK(opSupported(op, type, &why), why);
   checkWireType(type, wireType);
-  RC_CHECK(scale == 1.0f || isFloatingPoint(type), "a scaled ", primitiveName(c.plan.request.primitive),
-           " needs a floating type, got ", dataTypeName(type));
-  RC_CHECK(scale == 1.0f || reducer_->scales(), "this device's reducer cannot scale results");
-  c.spec = ReduceSpec{type, op, worldSize_, wireType, scale};
+  c.spec = ReduceSpec{type, op, worldSize_, wireType};
   c.sequence = sequence_++;
 }
 
@@ -73,15 +69,10 @@ void Communicator::bracket(Transport& transport, uintptr_t stream,
 
 void Communicator::execute(const Collective& c) {
   if (worldSize_ == 1) {
-    // No step combines anything, yet logical ops still turn values into 0/1 (op(x, x) does)
-    // and a scale still multiplies (max(x, x) == x, then * scale).
-    const bool logical = c.spec.op == RedOp::LAnd || c.spec.op == RedOp::LOr;
-    if (logical || c.spec.scale != 1.0f) {
-      ReduceSpec spec = c.spec;
-      if (!logical) spec.op = RedOp::Max;
+    // No step combines anything, yet logical ops still turn values into 0/1 (op(x, x) does).
+    if (c.spec.op == RedOp::LAnd || c.spec.op == RedOp::LOr)
       reducer_->reduce(c.output.base, nullptr, c.output.base, c.output.base, c.output.count,
-                       spec, true);
-    }
+                       c.spec, true);
     return;
   }
   Executor(*transport_, *reducer_, options_.sliceBytes).run(c);
@@ -103,15 +94,14 @@ Algorithm Communicator::resolveAlgorithm(Algorithm requested, Primitive primitiv
 }
 
 void Communicator::allReduce(void* data, size_t count, DataType type, RedOp op,
-                             DataType wireType, float scale, uintptr_t stream,
-                             Algorithm algorithm) {
+                             DataType wireType, uintptr_t stream, Algorithm algorithm) {
   checkUsable();
   algorithm = resolveAlgorithm(algorithm, Primitive::AllReduce, count * dataTypeSize(type));
   Collective c;
   c.plan = makePlan({Primitive::AllReduce, rank_, worldSize_, count, 0,
                      chunkAlignment(type, wireType), algorithm});
   c.input = c.output = view(data, 0, count);
-  prepare(c, op, type, wireType, scale);
+  prepare(c, op, type, wireType);
   collective(stream, [&] { execute(c); });
 }
 

@@ -1,6 +1,7 @@
 // The tables of data types, ops and primitives, and what is derived from them.
 #include "ringcomm/types.h"
 
+#include "ringcomm/algorithms.h"
 #include "ringcomm/error.h"
 #include "ringcomm/reducer.h"
 #include "ringcomm/transport.h"
@@ -37,22 +38,6 @@ const char* redOpName(RedOp op) {
 const char* primitiveName(Primitive primitive) {
   const PrimitiveInfo* row = rowOf(kPrimitives, primitive);
   return row ? row->name : "unknown";
-}
-
-const char* algorithmName(Algorithm algorithm) {
-  const AlgorithmInfo* row = rowOf(kAlgorithms, algorithm);
-  return row ? row->name : "unknown";
-}
-
-bool algorithmPlans(Algorithm algorithm, Primitive primitive) {
-  const AlgorithmInfo* row = rowOf(kAlgorithms, algorithm);
-  return row != nullptr && rowOf(kPrimitives, primitive) != nullptr &&
-         (row->primitives & primitiveBit(primitive)) != 0;
-}
-
-bool isOneHop(Algorithm algorithm) {
-  const AlgorithmInfo* row = rowOf(kAlgorithms, algorithm);
-  return row != nullptr && row->oneHop;
 }
 
 bool isFloatingPoint(DataType type) {

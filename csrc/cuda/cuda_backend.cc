@@ -40,7 +40,7 @@ std::string makeNcclUniqueId(const std::string& hint) {
 }
 
 void reduceOnDevice(uintptr_t out0, uintptr_t out1, uintptr_t a, uintptr_t b, size_t n,
-                    DataType type, RedOp op, int divisor, bool finalize, float scale,
+                    DataType type, RedOp op, int divisor, bool finalize,
                     uintptr_t stream, DataType wireType) {
   ReduceLaunch l;
   l.out0 = reinterpret_cast<void*>(out0);
@@ -53,7 +53,6 @@ void reduceOnDevice(uintptr_t out0, uintptr_t out1, uintptr_t a, uintptr_t b, si
   l.op = op;
   l.divisor = divisor;
   l.finalize = finalize;
-  l.scale = scale;
   launchReduce(l, reinterpret_cast<void*>(stream));
 }
 

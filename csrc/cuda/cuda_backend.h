@@ -35,7 +35,7 @@ std::string makeNcclUniqueId(const std::string& libraryHint);
 // integers; enqueued on the current device, asynchronous.
 // `wireType` is the type of out1 and b (float16/bfloat16 under float32 data; else `type`).
 void reduceOnDevice(uintptr_t out0, uintptr_t out1, uintptr_t a, uintptr_t b, size_t n,
-                    DataType type, RedOp op, int divisor, bool finalize, float scale,
+                    DataType type, RedOp op, int divisor, bool finalize,
                     uintptr_t stream, DataType wireType);
 // out0 (float32) and out1 (wireType) from src, which is in wireType when srcIsWire.
 void convertOnDevice(uintptr_t out0, uintptr_t out1, uintptr_t src, bool srcIsWire, size_t n,

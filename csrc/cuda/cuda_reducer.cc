@@ -19,7 +19,6 @@ void CudaReducer::reduce(void* out0, void* out1, const void* a, const void* b, s
   l.op = spec.op;
   l.divisor = spec.divisor;
   l.finalize = finalize;
-  l.scale = finalize ? spec.scale : 1.0f;
   CudaDeviceGuard guard(device_);
   launchReduce(l, stream_);
 }

@@ -12,7 +12,6 @@ class CudaReducer : public Reducer {
  public:
   CudaReducer(int device, cudaStream_t stream) : device_(device), stream_(stream) {}
 
-  bool scales() const override { return true; }
   void reduce(void* out0, void* out1, const void* a, const void* b, size_t n,
               const ReduceSpec& spec, bool finalize) override;
   void copy(void* out0, void* out1, const void* src, size_t bytes) override;

@@ -18,7 +18,6 @@
 #include <map>
 #include <mutex>
 #include <utility>
-#include <type_traits>
 
 #include "cuda/cuda_check.h"
 #include "cuda/reduce_kernels.h"
@@ -77,22 +76,17 @@ struct Bf16 {
 };
 
 // -- ops ----------------------------------------------------------------------------------------
-// AVG's divide and the fused scale, applied to the op's result in the accumulation type.
+// AVG's divide, applied to the op's result in the accumulation type.
 template <typename A>
 struct Epilogue {
   A divisor;
   bool divide;
-  float scale;
-  bool scaled;
 
   static Epilogue from(const ReduceLaunch& l) {
-    return {static_cast<A>(l.divisor), l.finalize && l.op == RedOp::Avg && l.divisor != 1,
-            l.scale, l.scale != 1.0f};
+    return {static_cast<A>(l.divisor), l.finalize && l.op == RedOp::Avg && l.divisor != 1};
   }
   __device__ __forceinline__ A operator()(A r) const {
     if (divide) r = static_cast<A>(r / divisor);
-    if constexpr (std::is_floating_point_v<A>)
-      if (scaled) r = r * static_cast<A>(scale);
     return r;
   }
 };

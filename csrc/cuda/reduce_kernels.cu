@@ -89,8 +89,6 @@ void launchFor(RedOp op, const ReduceLaunch& l, cudaStream_t s) {
 }  // namespace
 
 void launchReduce(const ReduceLaunch& l, void* streamPtr) {
-  RC_CHECK(l.scale == 1.0f || isFloatingPoint(l.type), "a fused scale needs a floating type, not ",
-           dataTypeName(l.type));
   RC_CHECK(l.divisor != 0, "AVG divisor must not be zero");
   RC_CHECK(l.n == 0 || (l.a != nullptr && l.b != nullptr), "reduce inputs must not be null");
   if (l.n == 0 || (l.out0 == nullptr && l.out1 == nullptr)) return;

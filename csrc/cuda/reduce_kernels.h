@@ -24,12 +24,11 @@ struct ReduceLaunch {
   RedOp op = RedOp::Sum;
   int divisor = 1;      // AVG divides the result by this when `finalize` is set
   bool finalize = false;
-  float scale = 1.0f;   // multiplies the result (floating types only); 1 means none
 };
 
 // Enqueues the reduction on `stream` (a cudaStream_t) on the current device. The caller has
 // checked the (dtype, op) pair (opSupported: Communicator::prepare, once per call). Raises
-// ringcomm::Error for a scale on an integer type or a bad wire type.
+// ringcomm::Error for a bad wire type.
 void launchReduce(const ReduceLaunch& launch, void* stream);
 
 // Between float32 (out0) and a 16-bit wire type (out1) for n elements. src is in the wire type

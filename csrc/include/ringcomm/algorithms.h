@@ -1,29 +1,105 @@
-// Which algorithm a collective runs with when asked for Auto: decided from what every rank
-// shares (the collective, its size, the world size, the transport and the thresholds, which
-// every rank resolves from the same options), so all ranks choose the same.
+// The algorithm table: how a collective can move its data, each algorithm's default threshold
+// for `auto`, and the rule `auto` applies. Python's names (ringcomm.options.ALGORITHMS), the
+// CommOptions thresholds and their defaults, the tests and bench/tune.py all read it from here.
 #pragma once
 
+#include <array>
 #include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <optional>
 
 #include "ringcomm/types.h"
 
 namespace ringcomm {
 
-// Defaults, also CommOptions' (one_shot_max_bytes / two_shot_max_bytes override them), from
-// bench/tune.py on 2 cores (docs/design.md, "Defaults"): one_shot beat the ring up
-// to 8 KiB at 4 ranks (0.7x at 8 B) and tied it at 2; two_shot and the one-hop halves never
-// beat it beyond the noise there, so auto leaves them off (0) until a machine with a core per
-// rank measures otherwise.
-struct AlgorithmThresholds {
-  size_t oneShotMaxBytes = 8 * 1024;  // all_reduce: one_shot up to here
-  size_t twoShotMaxBytes = 0;         // all_reduce: two_shot up to here; reduce_scatter and
-                                      // all_gather (two_shot's halves): one_shot
+// Auto is a request, not a plan: the communicator picks one from what every rank shares.
+enum class Algorithm : int32_t {
+  Ring = 0,
+  OneShot,
+  TwoShot,
+  Auto,
 };
 
-// `bytes`: the whole tensor of an all_reduce, the input of a reduce_scatter, the output of an
-// all_gather. Ring for everything else, for one rank, and on transports without publications
-// (`publications`: Transport::publishBytes() > 0). bench/tune.py asks this same function.
-Algorithm chooseAlgorithm(Primitive primitive, size_t bytes, int worldSize, bool publications,
-                          const AlgorithmThresholds& thresholds);
+struct AlgorithmInfo {
+  Algorithm algorithm;
+  const char* name;     // as in CommOptions.algorithm and the per-call algorithm=
+  uint32_t primitives;  // primitiveBit()s of the collectives it plans (Auto: accepts)
+  bool oneHop;          // reads every rank's publications (Transport::publishBytes) instead of
+                        // passing ring messages
+  // Auto runs it for collectives up to this many bytes (chooseAlgorithm's `bytes`; 0: never);
+  // CommOptions' <name>_max_bytes overrides it. None: auto never picks it by size (the ring,
+  // which it falls back to; auto itself).
+  std::optional<size_t> autoMaxBytes;
+};
+
+// ring: schedule.h's plans, 2(N-1) steps for all_reduce, bandwidth-optimal. one_shot: every rank
+// publishes its input and reads every rank's, reducing in rank order (all_reduce: the fewest
+// hops, N times the bytes read). two_shot (all_reduce): each rank reduces its chunk from every
+// rank's publication and publishes it, then copies every other rank's chunk. See
+// docs/design.md.
+// The thresholds are bench/tune.py's on 2 cores (docs/design.md, "Defaults"): one_shot beat the
+// ring up to 8 KiB at 4 ranks (0.7x at 8 B) and tied it at 2; two_shot and the one-hop halves
+// never beat it beyond the noise there, so auto leaves them off until a machine with a core per
+// rank measures otherwise.
+inline constexpr uint32_t kOneHopPrimitives = primitiveBit(Primitive::AllReduce) |
+                                              primitiveBit(Primitive::ReduceScatter) |
+                                              primitiveBit(Primitive::AllGather);
+inline constexpr AlgorithmInfo kAlgorithms[] = {
+    {Algorithm::Ring, "ring", plannedPrimitives(), false, std::nullopt},
+    {Algorithm::OneShot, "one_shot", kOneHopPrimitives, true, 8 * 1024},
+    {Algorithm::TwoShot, "two_shot", primitiveBit(Primitive::AllReduce), true, 0},
+    {Algorithm::Auto, "auto", plannedPrimitives(), false, std::nullopt},
+};
+static_assert(inEnumOrder(kAlgorithms, [](const AlgorithmInfo& r) { return r.algorithm; }));
+
+const char* algorithmName(Algorithm algorithm);
+// Whether `algorithm` plans (Auto: accepts) `primitive` (kAlgorithms).
+bool algorithmPlans(Algorithm algorithm, Primitive primitive);
+// Whether it runs on publications (kAlgorithms' oneHop).
+bool isOneHop(Algorithm algorithm);
+
+// What auto picks by: per algorithm with a threshold, the largest collective it runs; every
+// rank resolves the same from the same options.
+class AlgorithmThresholds {
+ public:
+  AlgorithmThresholds() {  // kAlgorithms' defaults
+    for (const AlgorithmInfo& row : kAlgorithms) set(row.algorithm, row.autoMaxBytes.value_or(0));
+  }
+  size_t operator[](Algorithm algorithm) const { return maxBytes_[index(algorithm)]; }
+  void set(Algorithm algorithm, size_t bytes) { maxBytes_[index(algorithm)] = bytes; }
+
+ private:
+  static size_t index(Algorithm algorithm) { return static_cast<size_t>(algorithm); }
+  std::array<size_t, std::size(kAlgorithms)> maxBytes_{};
+};
+
+// The algorithm Auto runs. `bytes`: the whole tensor of an all_reduce, the input of a
+// reduce_scatter, the output of an all_gather. The ring for everything else, for one rank, and
+// on transports without publications (`publications`: Transport::publishBytes() > 0).
+// bench/tune.py asks this same function.
+inline Algorithm chooseAlgorithm(Primitive primitive, size_t bytes, int worldSize,
+                                 bool publications, const AlgorithmThresholds& thresholds) {
+  if (worldSize == 1 || !publications) return Algorithm::Ring;
+  // At 2 ranks the ring already takes two_shot's two hops (one for reduce_scatter and
+  // all_gather) and copies less: only one_shot all_reduce saves a hop there.
+  const bool saves = worldSize > 2;
+  switch (primitive) {
+    case Primitive::AllReduce:
+      // one_shot: one hop, but every rank reads N inputs; two_shot: two hops, each rank reads
+      // about twice the tensor; the ring: 2(N-1) hops, bandwidth-optimal.
+      if (bytes <= thresholds[Algorithm::OneShot]) return Algorithm::OneShot;
+      return saves && bytes <= thresholds[Algorithm::TwoShot] ? Algorithm::TwoShot
+                                                              : Algorithm::Ring;
+    case Primitive::ReduceScatter:
+    case Primitive::AllGather:
+      // Their one_shot is two_shot's halves (it reads what the ring moves, in one hop): it
+      // runs up to two_shot's threshold.
+      return saves && bytes <= thresholds[Algorithm::TwoShot] ? Algorithm::OneShot
+                                                              : Algorithm::Ring;
+    default:
+      return Algorithm::Ring;
+  }
+}
 
 }  // namespace ringcomm

@@ -47,13 +47,12 @@ class Communicator {
   // collective(stream, ...), which brackets it with Transport::begin/end and poisons the
   // communicator if the body fails.
   // `wireType` is what travels between ranks: float16 or bfloat16 under float32 data halves the
-  // bytes while every hop still adds in float32. `scale` multiplies the result (floating types,
-  // on reducers that scale: DDP's pre-divided sums).
+  // bytes while every hop still adds in float32.
   // `algorithm` (all_reduce, reduce_scatter, all_gather): Ring, OneShot, TwoShot (kAlgorithms
   // says which collectives each plans) or Auto (chooseAlgorithm with the options' thresholds).
   // Every rank must pass the same.
   void allReduce(void* data, size_t count, DataType type, RedOp op, DataType wireType,
-                 float scale = 1.0f, uintptr_t stream = 0, Algorithm algorithm = Algorithm::Ring);
+                 uintptr_t stream = 0, Algorithm algorithm = Algorithm::Ring);
   void reduceScatter(void* output, const void* input, size_t outputCount, DataType type,
                      RedOp op, uintptr_t stream = 0, Algorithm algorithm = Algorithm::Ring);
   void allGather(void* output, const void* input, size_t inputCount, DataType type,
@@ -92,9 +91,8 @@ class Communicator {
  private:
   void checkUsable() const;
   void checkRoot(int root, const char* name) const;
-  // Checks op, types and scale, and fills the collective's spec and sequence number.
-  void prepare(Collective& collective, RedOp op, DataType type, DataType wireType,
-               float scale = 1.0f);
+  // Checks op and types, and fills the collective's spec and sequence number.
+  void prepare(Collective& collective, RedOp op, DataType type, DataType wireType);
   // begin(stream), body, end(); on failure records it and aborts the transport.
   void collective(uintptr_t stream, const std::function<void()>& body);
   // begin(stream), body, end() on `transport`; on failure records it and aborts every transport.

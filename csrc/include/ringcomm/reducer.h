@@ -12,7 +12,6 @@ struct ReduceSpec {
   RedOp op = RedOp::Sum;
   int divisor = 1;                        // AVG divides by this once, when a step finalizes
   DataType wireType = DataType::Float32;  // messages; differs from `type` for a 16-bit wire
-  float scale = 1.0f;  // multiplies what finalizing steps produce (floating types; DDP's 1/n)
 };
 
 // float32 buffers may travel as float16 or bfloat16 (accumulation stays float32).
@@ -23,10 +22,8 @@ void checkWireType(DataType type, DataType wireType);
 class Reducer {
  public:
   virtual ~Reducer() = default;
-  // Whether reduce() applies spec.scale; the communicator refuses a scale where it does not.
-  virtual bool scales() const { return false; }
   // out0 and out1 (either may be null) = op(a, b) over n elements; then / divisor if finalize
-  // and the op is AVG, and * spec.scale if finalize (on reducers that scale). Outputs may alias a or b. out0 and a are in spec.type, out1 and b in
+  // and the op is AVG. Outputs may alias a or b. out0 and a are in spec.type, out1 and b in
   // spec.wireType; when both outputs are written, out0 gets the value rounded to the wire type,
   // so that the rank keeping a result and the ranks receiving it hold the same bits.
   virtual void reduce(void* out0, void* out1, const void* a, const void* b, size_t n,

@@ -29,6 +29,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "ringcomm/algorithms.h"
 #include "ringcomm/types.h"
 
 namespace ringcomm {

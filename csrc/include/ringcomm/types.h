@@ -46,14 +46,8 @@ enum class Primitive : int32_t {
   SendRecv,
 };
 
-// How a collective moves its data (kAlgorithms below). Auto is a request, not a plan: the
-// communicator picks one from what every rank shares (chooseAlgorithm, algorithms.h).
-enum class Algorithm : int32_t {
-  Ring = 0,
-  OneShot,
-  TwoShot,
-  Auto,
-};
+// How a collective moves its data: the algorithm table, algorithms.h.
+enum class Algorithm : int32_t;
 
 enum class TypeClass { Floating, Integer, Bool };
 
@@ -81,14 +75,6 @@ struct PrimitiveInfo {
 constexpr uint32_t primitiveBit(Primitive primitive) {
   return uint32_t{1} << static_cast<int>(primitive);
 }
-
-struct AlgorithmInfo {
-  Algorithm algorithm;
-  const char* name;     // as in CommOptions.algorithm and the per-call algorithm=
-  uint32_t primitives;  // primitiveBit()s of the collectives it plans (Auto: accepts)
-  bool oneHop;          // reads every rank's publications (Transport::publishBytes) instead of
-                        // passing ring messages
-};
 
 // Every value of each enum, in enum order (checked below).
 inline constexpr DataTypeInfo kDataTypes[] = {
@@ -134,21 +120,6 @@ constexpr uint32_t plannedPrimitives() {
   return bits;
 }
 
-// ring: schedule.h's plans, 2(N-1) steps for all_reduce, bandwidth-optimal. one_shot: every rank
-// publishes its input and reads every rank's, reducing in rank order (all_reduce: the fewest
-// hops, N times the bytes read). two_shot (all_reduce): each rank reduces its chunk from every
-// rank's publication and publishes it, then copies every other rank's chunk. See
-// docs/design.md.
-inline constexpr uint32_t kOneHopPrimitives = primitiveBit(Primitive::AllReduce) |
-                                              primitiveBit(Primitive::ReduceScatter) |
-                                              primitiveBit(Primitive::AllGather);
-inline constexpr AlgorithmInfo kAlgorithms[] = {
-    {Algorithm::Ring, "ring", plannedPrimitives(), false},
-    {Algorithm::OneShot, "one_shot", kOneHopPrimitives, true},
-    {Algorithm::TwoShot, "two_shot", primitiveBit(Primitive::AllReduce), true},
-    {Algorithm::Auto, "auto", plannedPrimitives(), false},
-};
-
 template <typename Row, size_t N, typename Key>
 constexpr bool inEnumOrder(const Row (&table)[N], Key key) {
   for (size_t i = 0; i < N; ++i)
@@ -158,17 +129,11 @@ constexpr bool inEnumOrder(const Row (&table)[N], Key key) {
 static_assert(inEnumOrder(kDataTypes, [](const DataTypeInfo& r) { return r.type; }));
 static_assert(inEnumOrder(kRedOps, [](const RedOpInfo& r) { return r.op; }));
 static_assert(inEnumOrder(kPrimitives, [](const PrimitiveInfo& r) { return r.primitive; }));
-static_assert(inEnumOrder(kAlgorithms, [](const AlgorithmInfo& r) { return r.algorithm; }));
 
 size_t dataTypeSize(DataType type);
 const char* dataTypeName(DataType type);
 const char* redOpName(RedOp op);
 const char* primitiveName(Primitive primitive);
-const char* algorithmName(Algorithm algorithm);
-// Whether `algorithm` plans (Auto: accepts) `primitive` (kAlgorithms).
-bool algorithmPlans(Algorithm algorithm, Primitive primitive);
-// Whether it runs on publications (kAlgorithms' oneHop).
-bool isOneHop(Algorithm algorithm);
 
 bool isFloatingPoint(DataType type);
 
@@ -176,7 +141,7 @@ struct Envelope;  // transport.h
 // The header every message of one collective carries (sequence, bytes and offset left 0): the
 // executor's and the debug-mode descriptor's single source.
 Envelope collectiveHeader(Primitive primitive, uint64_t count, DataType type, RedOp op, int root,
-                          DataType wireType, Algorithm algorithm = Algorithm::Ring);
+                          DataType wireType, Algorithm algorithm);
 // "all_reduce (count 1000, float32, sum, root 0)": the collective an envelope belongs to.
 std::string describeCollective(const Envelope& envelope);
 // Whether `op` is defined for `type` (kRedOps); when not, `why` says so in a sentence.
