@@ -71,25 +71,6 @@ def test_nccl_id_is_keyed_by_communicator_not_device(world):
 from ringcomm import _C  # noqa: E402
 
 
-def test_a_scale_needs_a_floating_type_and_a_reducer_that_scales():
-    """The fused scale is part of the reduce spec: the CPU reducer does not apply it, so the
-    communicator refuses it there instead of silently ignoring it; a refused call leaves the
-    communicator usable."""
-    import numpy as np
-
-    transport = _C.ShmTransport(0, 1, 64 * 1024, 4, 10.0, 0)
-    comm = _C.Communicator(0, 1, transport, _C.CpuReducer(), 64 * 1024)
-    x = np.arange(8, dtype=np.float32)
-    with pytest.raises(_C.RingcommError, match="cannot scale"):
-        comm.all_reduce(x.ctypes.data, 8, _C.DataType.float32, _C.RedOp.sum, scale=0.5)
-    i = np.arange(8, dtype=np.int32)
-    with pytest.raises(_C.RingcommError, match="floating type"):
-        comm.all_reduce(i.ctypes.data, 8, _C.DataType.int32, _C.RedOp.sum, scale=0.5)
-    comm.all_reduce(x.ctypes.data, 8, _C.DataType.float32, _C.RedOp.max)
-    assert comm.failure == "" and (x == np.arange(8)).all()
-    comm.close()
-
-
 def test_shared_gpu_env_picks_the_nccl_path():
     """Ranks sharing one GPU: NCCL >= 2.30.3 is asked to allow it; older NCCL (2.30.0-2.30.2
     included, which lack the switch) sees each rank as its own host (a different NCCL_HOSTID),
