@@ -49,7 +49,7 @@ def _rank(rank, world, store_path, sizes_mib, iters, warmup, slices, out_path):
                             world_size=world, device_id=torch.device("cuda", 0))
     store = dist.distributed_c10d._get_default_store()
     if rank == 0:
-        store.set("ringcomm-bench-id", _C.nccl_unique_id(cuda_backend.nccl_library_hint()))
+        store.set("ringcomm-bench-id", _C.nccl_unique_id(**cuda_backend.nccl_search()))
     # Slots as large as the largest slice; each measurement sets the slice it wants.
     # A short timeout: a hang costs the check seconds and still reports the rows before it.
     ring = _C.CudaRing(rank, world, 0, store.get("ringcomm-bench-id"), slice_bytes=max(slices),

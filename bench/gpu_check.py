@@ -120,7 +120,7 @@ from ringcomm import _C, cuda_backend
 info = dict(ringcomm.build_info())
 info["cuda_available"] = _C.cuda_available()
 info["devices"] = _C.device_count()
-info["nccl_library"], info["nccl_runtime_version"] = _C.nccl_library(cuda_backend.nccl_library_hint())
+info["nccl_library"], info["nccl_runtime_version"] = _C.nccl_library(**cuda_backend.nccl_search())
 print("INFO_JSON " + json.dumps(info))
 """
 

@@ -79,10 +79,9 @@ def plan(python, work, probes, pytest_timeout=True):
         Stage("tests_failures", 60, **tests("tests_failures")),
         Stage("tests_p2p_one_hop", 55, **tests("tests_p2p_one_hop")),
         Stage("allreduce2", 30, allreduce(2), result="allreduce2.json"),
-        # The whole GPU for the kernels, as for the copy they are compared with.
         Stage("kernels", 20, py + ["bench/gpu_kernels.py", "--mib", "256", "--json",
                                    str(Path(work) / "kernels.json")], result="kernels.json",
-              env={"RINGCOMM_NCCL_SMS": "0"}, optional=True),
+              optional=True),
         Stage("tests_rest", 90, **tests("tests_rest"), optional=True),
         Stage("allreduce4", 40, allreduce(4), result="allreduce4.json", optional=True),
         Stage("tests4", 90, **tests("tests4", worlds="4"), optional=True),

@@ -24,33 +24,34 @@ void bindCuda(py::module_& m) {
   auto release = py::call_guard<py::gil_scoped_release>();
   m.def("cuda_available", &cudaAvailable, "Whether a CUDA device is usable (False without a driver)");
   m.def("device_count", &cudaDeviceCount);
-  m.def("nccl_library", [](const std::string& hint) {
-        return py::make_tuple(ncclLibraryPath(hint), ncclRuntimeVersion(hint));
-      }, py::arg("hint") = "", "(path, version code) of the NCCL library ringcomm loads");
-  m.def("nccl_unique_id", [](const std::string& hint) {
-        return py::bytes(makeNcclUniqueId(hint));
-      }, py::arg("hint") = "");
+  m.def("nccl_library", [](const std::string& library, const std::string& hint) {
+        return py::make_tuple(ncclLibraryPath(library, hint), ncclRuntimeVersion(library, hint));
+      }, py::arg("library") = "", py::arg("hint") = "",
+      "(path, version code) of the NCCL library ringcomm loads");
+  m.def("nccl_unique_id", [](const std::string& library, const std::string& hint) {
+        return py::bytes(makeNcclUniqueId(library, hint));
+      }, py::arg("library") = "", py::arg("hint") = "");
   // Kernel entry points for tests and benchmarks only (bindings.cc made the submodule).
   auto testing = m.attr("testing").cast<py::module_>();
   bindHostGpu(testing);
   testing.def("reduce_kernel",
         [](uintptr_t out0, uintptr_t out1, uintptr_t a, uintptr_t b, size_t n, DataType type,
            RedOp op, int divisor, bool finalize, uintptr_t stream,
-           std::optional<DataType> wire) {
+           std::optional<DataType> wire, int smsForNccl) {
           std::string why;  // collectives check this in Communicator::prepare
           RC_CHECK(opSupported(op, type, &why), why);
           reduceOnDevice(out0, out1, a, b, n, type, op, divisor, finalize, stream,
-                         wire.value_or(type));
+                         wire.value_or(type), smsForNccl);
         },
         py::arg("out0"), py::arg("out1"), py::arg("a"), py::arg("b"), py::arg("n"),
         py::arg("dtype"), py::arg("op"), py::arg("divisor") = 1, py::arg("finalize") = false,
         py::arg("stream") = 0, py::arg("wire_dtype") = py::none(),
-        release,
+        py::arg("nccl_sms") = kSmsForNccl, release,
         "Enqueues out0/out1 = op(a, b) on the current device; pointers are device addresses. "
         "With wire_dtype (float16/bfloat16 under float32), out1 and b are in wire_dtype");
   testing.def("convert_kernel", &convertOnDevice, py::arg("out0"), py::arg("out1"), py::arg("src"),
         py::arg("src_is_wire"), py::arg("n"), py::arg("wire_dtype"), py::arg("stream") = 0,
-        release,
+        py::arg("nccl_sms") = kSmsForNccl, release,
         "Enqueues out0 (float32) and out1 (wire_dtype) = src, which is in wire_dtype when "
         "src_is_wire");
   testing.def("copy_kernel", &copyOnDevice, py::arg("out0"), py::arg("out1"), py::arg("src"),
@@ -71,6 +72,7 @@ void bindCuda(py::module_& m) {
       "0 (the default) offers the ring only")
       .def(py::init([](int rank, int worldSize, int device, const py::bytes& uniqueId,
                        size_t sliceBytes, int slots, double timeout, const std::string& hint,
+                       const std::string& library, int smsForNccl,
                        size_t publishBytes) {
              CudaRingOptions o;
              o.rank = rank;
@@ -81,13 +83,17 @@ void bindCuda(py::module_& m) {
              o.slots = slots;
              o.timeoutSeconds = timeout;
              o.libraryHint = hint;
+             o.library = library;
+             o.smsForNccl = smsForNccl;
              o.publishBytes = publishBytes;
              py::gil_scoped_release unlocked;  // NCCL init waits for every rank
              return std::make_shared<CudaRing>(o);
            }),
            py::arg("rank"), py::arg("world_size"), py::arg("device"), py::arg("unique_id"),
            py::arg("slice_bytes") = 4 << 20, py::arg("slots") = 8, py::arg("timeout") = 600.0,
-           py::arg("library_hint") = "", py::arg("publish_bytes") = CudaRingOptions{}.publishBytes)
+           py::arg("library_hint") = "", py::arg("library") = "",
+           py::arg("nccl_sms") = kSmsForNccl,
+           py::arg("publish_bytes") = CudaRingOptions{}.publishBytes)
       .def_property_readonly("transport", &CudaRing::transport)
       .def_property_readonly("reducer", &CudaRing::reducer)
       .def("query", &CudaRing::query, release)

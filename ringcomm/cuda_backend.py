@@ -7,13 +7,22 @@ from . import _C, backends
 
 def nccl_library_hint():
     """The nvidia-nccl-cu13 wheel's lib folder, if installed: NCCL is loaded at run time from the
-    library torch already loaded, else the system's, else this (RINGCOMM_NCCL_LIBRARY wins)."""
+    library torch already loaded, else the system's, else this (the nccl_library option wins)."""
     try:
         import nvidia.nccl
 
         return os.path.join(list(nvidia.nccl.__path__)[0], "lib")
     except ImportError:
         return ""
+
+
+def nccl_search(options=None):
+    """Where NCCL is looked for, as the keywords of _C.nccl_library and _C.nccl_unique_id: the
+    nccl_library option (of `options`, else the environment) and the wheel's folder."""
+    from .options import CommOptions
+
+    options = options if options is not None else CommOptions().resolved(1)
+    return {"library": options.nccl_library, "hint": nccl_library_hint()}
 
 
 # NCCL_MULTI_RANK_GPU_ENABLE exists from NCCL 2.30.3 (version code 23003); 2.30.0-2.30.2 refuse
@@ -27,7 +36,7 @@ def shared_gpu_env(rank, nccl_version=None):
     detected") unless each rank looks like its own host, and then talks over loopback sockets.
     nccl_version: the version code of the NCCL that will run (default: the one ringcomm loads)."""
     if nccl_version is None:
-        nccl_version = _C.nccl_library(nccl_library_hint())[1]
+        nccl_version = _C.nccl_library(**nccl_search())[1]
     if nccl_version >= MULTI_RANK_GPU_NCCL:
         return {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}
     # Sockets over loopback, not whatever InfiniBand the machine has: the path taken is known.
@@ -51,14 +60,16 @@ def create(rendezvous, device_index, options, ordinal=0):
                                "reinstall it on a machine with the CUDA toolkit")
     if not _C.cuda_available():
         raise _C.RingcommError("CUDA tensors were given but no CUDA device is usable")
-    hint = nccl_library_hint()
+    search = nccl_search(options)
     key = f"nccl-id/{ordinal}"
     if rendezvous.rank == 0:
-        rendezvous.publish(key, _C.nccl_unique_id(hint))
+        rendezvous.publish(key, _C.nccl_unique_id(**search))
     unique_id = rendezvous.read(key, 0)
     slice_bytes = options.slice_bytes or options.cuda_slice_bytes
     ring = _C.CudaRing(rendezvous.rank, rendezvous.world_size, device_index, unique_id,
-                       slice_bytes=slice_bytes, timeout=options.timeout, library_hint=hint)
+                       slice_bytes=slice_bytes, timeout=options.timeout,
+                       library_hint=search["hint"], library=search["library"],
+                       nccl_sms=options.nccl_sms)
     comm = _C.Communicator(rendezvous.rank, rendezvous.world_size, ring.transport, ring.reducer,
                            slice_bytes)
     comm.set_peer_links(ring.transport)  # sends whole messages from and into user buffers

@@ -17,6 +17,8 @@ to the backends; nothing reads the environment at import time.
 | yield_us | RINGCOMM_YIELD_US | 2000 us of yielding next, then a waiter sleeps on a futex (no yields for 1 s after 4 of 16 lost the core for > 500 us: a busy machine) |
 | debug | RINGCOMM_DEBUG (1 or DETAIL) | off |
 | check_finite | RINGCOMM_CHECK_FINITE (1) | off |
+| nccl_library | RINGCOMM_NCCL_LIBRARY | ``""``: NCCL already loaded (torch's), else the system's, else the nvidia-nccl-cu13 wheel's; a file or folder here is the only place looked at |
+| nccl_sms | RINGCOMM_NCCL_SMS | 8: SMs the CUDA reduction kernels leave to NCCL's own |
 
 docs/design.md says how slots, slices, waits and thresholds were chosen.
 
@@ -81,6 +83,8 @@ _ENVIRONMENT = {
     "yield_us": ("RINGCOMM_YIELD_US", int),
     "debug": ("RINGCOMM_DEBUG", _flag("1", "DETAIL")),
     "check_finite": ("RINGCOMM_CHECK_FINITE", _flag("1")),
+    "nccl_library": ("RINGCOMM_NCCL_LIBRARY", str),
+    "nccl_sms": ("RINGCOMM_NCCL_SMS", int),
 }
 
 
@@ -106,6 +110,8 @@ class _Options:
     yield_us: int = None  # CPU: microseconds of yielding before a waiting rank sleeps
     debug: bool = None  # exchange a descriptor of every collective first
     check_finite: bool = None  # look for NaN/Inf in every input first
+    nccl_library: str = None  # CUDA: NCCL's library file or folder ("": search)
+    nccl_sms: int = None  # CUDA: SMs the reduction kernels leave to NCCL
 
     def replace(self, **fields):
         """A copy with the fields given that are not None replaced."""
@@ -133,6 +139,8 @@ class _Options:
             "yield_us": 2000,
             "debug": False,
             "check_finite": False,
+            "nccl_library": "",
+            "nccl_sms": 8,
         }
         for field, default in defaults.items():
             if values[field] is None:

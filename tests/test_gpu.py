@@ -324,9 +324,9 @@ def test_copy_kernel():
 
 
 def test_nccl_loads_and_makes_ids():
-    path, version = _C.nccl_library(cuda_backend.nccl_library_hint())
+    path, version = _C.nccl_library(**cuda_backend.nccl_search())
     assert version >= 20700 and path
-    assert len(_C.nccl_unique_id(cuda_backend.nccl_library_hint())) == 128
+    assert len(_C.nccl_unique_id(**cuda_backend.nccl_search())) == 128
 
 
 # -- multi-rank ----------------------------------------------------------------------------------
@@ -337,7 +337,7 @@ def _on_ring(rank, world, body):
     store = torch.distributed.distributed_c10d._get_default_store()
     hint = cuda_backend.nccl_library_hint()
     if rank == 0:
-        store.set("ringcomm-nccl-id", _C.nccl_unique_id(hint))
+        store.set("ringcomm-nccl-id", _C.nccl_unique_id(hint=hint))
     uid = store.get("ringcomm-nccl-id")
     # 1 MiB slices: ranks time-slice one GPU, so fewer, larger messages.
     ring = _C.CudaRing(rank, world, 0, uid, slice_bytes=SLICE_BYTES, timeout=RING_TIMEOUT,
@@ -559,7 +559,7 @@ def test_timeout_names_peers():
 def test_missing_peer_times_out_at_creation():
     """An NCCL init whose peer never joins: the owner's wait times out, aborts and raises instead
     of hanging."""
-    uid = _C.nccl_unique_id(cuda_backend.nccl_library_hint())
+    uid = _C.nccl_unique_id(**cuda_backend.nccl_search())
     with pytest.raises(_C.CommTimeoutError, match="creating the NCCL communicator.*rank 0 of 2"):
         _C.CudaRing(0, 2, 0, uid, timeout=5.0, library_hint=cuda_backend.nccl_library_hint())
 

@@ -20,7 +20,7 @@ class _FakeCudaC:
     def cuda_available(self):
         return True
 
-    def nccl_unique_id(self, hint):
+    def nccl_unique_id(self, library="", hint=""):
         self.ids_made += 1
         return b"id-%d-from-rank-%d" % (self.ids_made, self.rank)
 
@@ -89,12 +89,12 @@ def test_shared_gpu_env_picks_the_nccl_path():
 
 def test_shared_gpu_env_asks_the_nccl_ringcomm_loads():
     from launcher import shared_gpu_env as test_env
-    from ringcomm.cuda_backend import MULTI_RANK_GPU_NCCL, nccl_library_hint
+    from ringcomm.cuda_backend import MULTI_RANK_GPU_NCCL, nccl_search
 
     if not _C.build_info()["cuda"]:
         pytest.skip("ringcomm was built without CUDA (no nvcc at build time)")
     try:
-        version = _C.nccl_library(nccl_library_hint())[1]
+        version = _C.nccl_library(**nccl_search())[1]
     except _C.RingcommError as error:
         pytest.skip(f"NCCL's library (libnccl.so.2) could not be loaded: {str(error).splitlines()[0]}")
     env = test_env(0)
@@ -102,3 +102,19 @@ def test_shared_gpu_env_asks_the_nccl_ringcomm_loads():
     expected = ({"NCCL_MULTI_RANK_GPU_ENABLE"} if version >= MULTI_RANK_GPU_NCCL else
                 {"NCCL_HOSTID", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE"})
     assert set(env) - {"NCCL_MAX_CTAS"} == expected
+
+
+def test_the_nccl_library_option_is_the_only_place_looked_at():
+    """RINGCOMM_NCCL_LIBRARY (the nccl_library option) names NCCL's library: a wrong one is an
+    error naming it, never a silent fall-back to another NCCL."""
+    import subprocess
+    import sys
+
+    if not _C.build_info()["cuda"]:
+        pytest.skip("ringcomm was built without CUDA (no nvcc at build time)")
+    probe = ("from ringcomm import _C, cuda_backend\n"
+             "_C.nccl_library(**cuda_backend.nccl_search())")
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         env={**__import__("os").environ, "RINGCOMM_NCCL_LIBRARY": "/no/such/nccl"})
+    assert run.returncode != 0
+    assert "nccl_library=/no/such/nccl could not be used as NCCL" in run.stderr

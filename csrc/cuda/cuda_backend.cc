@@ -27,12 +27,16 @@ int cudaDeviceCount() {
 
 bool cudaAvailable() { return cudaDeviceCount() > 0; }
 
-std::string ncclLibraryPath(const std::string& hint) { return loadGpuApi(hint).ncclPath; }
+std::string ncclLibraryPath(const std::string& library, const std::string& hint) {
+  return loadGpuApi({library, hint}).ncclPath;
+}
 
-int ncclRuntimeVersion(const std::string& hint) { return loadGpuApi(hint).ncclVersion; }
+int ncclRuntimeVersion(const std::string& library, const std::string& hint) {
+  return loadGpuApi({library, hint}).ncclVersion;
+}
 
-std::string makeNcclUniqueId(const std::string& hint) {
-  const GpuApi& api = loadGpuApi(hint);
+std::string makeNcclUniqueId(const std::string& library, const std::string& hint) {
+  const GpuApi& api = loadGpuApi({library, hint});
   ::ncclUniqueId id;
   ncclResult_t rc = api.ncclGetUniqueId(&id);
   RC_CHECK(rc == ncclSuccess, "ncclGetUniqueId failed: ", api.describe(rc));
@@ -41,7 +45,7 @@ std::string makeNcclUniqueId(const std::string& hint) {
 
 void reduceOnDevice(uintptr_t out0, uintptr_t out1, uintptr_t a, uintptr_t b, size_t n,
                     DataType type, RedOp op, int divisor, bool finalize,
-                    uintptr_t stream, DataType wireType) {
+                    uintptr_t stream, DataType wireType, int smsForNccl) {
   ReduceLaunch l;
   l.out0 = reinterpret_cast<void*>(out0);
   l.out1 = reinterpret_cast<void*>(out1);
@@ -53,11 +57,12 @@ void reduceOnDevice(uintptr_t out0, uintptr_t out1, uintptr_t a, uintptr_t b, si
   l.op = op;
   l.divisor = divisor;
   l.finalize = finalize;
+  l.smsForNccl = smsForNccl;
   launchReduce(l, reinterpret_cast<void*>(stream));
 }
 
 void convertOnDevice(uintptr_t out0, uintptr_t out1, uintptr_t src, bool srcIsWire, size_t n,
-                     DataType wireType, uintptr_t stream) {
+                     DataType wireType, uintptr_t stream, int smsForNccl) {
   ConvertLaunch l;
   l.out0 = reinterpret_cast<void*>(out0);
   l.out1 = reinterpret_cast<void*>(out1);
@@ -65,6 +70,7 @@ void convertOnDevice(uintptr_t out0, uintptr_t out1, uintptr_t src, bool srcIsWi
   l.srcIsWire = srcIsWire;
   l.n = n;
   l.wireType = wireType;
+  l.smsForNccl = smsForNccl;
   launchConvert(l, reinterpret_cast<void*>(stream));
 }
 
@@ -88,9 +94,10 @@ CudaRing::CudaRing(const CudaRingOptions& options) {
   t.slots = options.slots;
   t.publishBytes = options.publishBytes;
   t.timeoutSeconds = options.timeoutSeconds;
-  t.libraryHint = options.libraryHint;
+  t.nccl = {options.library, options.libraryHint};
   transport_ = std::make_shared<NcclTransport>(t);
-  reducer_ = std::make_shared<CudaReducer>(options.device, transport_->computeStream());
+  reducer_ = std::make_shared<CudaReducer>(options.device, transport_->computeStream(),
+                                           options.smsForNccl);
 }
 
 CudaRing::~CudaRing() = default;

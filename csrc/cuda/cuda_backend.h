@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/reduce_kernels.h"
 #include "ringcomm/types.h"
 
 namespace pybind11 {
@@ -25,21 +26,22 @@ class Transport;
 bool cudaAvailable();
 int cudaDeviceCount();
 
-// Loads NCCL (see gpu_api.h for the search order) and returns its path and version code.
-std::string ncclLibraryPath(const std::string& libraryHint);
-int ncclRuntimeVersion(const std::string& libraryHint);
+// Loads NCCL (`library`: the nccl_library option, else the search of gpu_api.h, `hint` last) and
+// returns its path and version code.
+std::string ncclLibraryPath(const std::string& library, const std::string& hint);
+int ncclRuntimeVersion(const std::string& library, const std::string& hint);
 // A fresh ncclUniqueId as 128 raw bytes (rank 0 makes it; the Store shares it).
-std::string makeNcclUniqueId(const std::string& libraryHint);
+std::string makeNcclUniqueId(const std::string& library, const std::string& hint);
 
 // Kernel entry points for tests and benchmarks: device pointers and a cudaStream_t as
 // integers; enqueued on the current device, asynchronous.
 // `wireType` is the type of out1 and b (float16/bfloat16 under float32 data; else `type`).
 void reduceOnDevice(uintptr_t out0, uintptr_t out1, uintptr_t a, uintptr_t b, size_t n,
                     DataType type, RedOp op, int divisor, bool finalize,
-                    uintptr_t stream, DataType wireType);
+                    uintptr_t stream, DataType wireType, int smsForNccl);
 // out0 (float32) and out1 (wireType) from src, which is in wireType when srcIsWire.
 void convertOnDevice(uintptr_t out0, uintptr_t out1, uintptr_t src, bool srcIsWire, size_t n,
-                     DataType wireType, uintptr_t stream);
+                     DataType wireType, uintptr_t stream, int smsForNccl);
 void copyOnDevice(uintptr_t out0, uintptr_t out1, uintptr_t src, size_t bytes, uintptr_t stream);
 
 struct CudaRingOptions {
@@ -55,7 +57,9 @@ struct CudaRingOptions {
   // none, so `auto` keeps the ring on NCCL.
   size_t publishBytes = 0;
   double timeoutSeconds = 600.0;
-  std::string libraryHint;
+  std::string library;            // NCCL's library, as the nccl_library option names it
+  std::string libraryHint;        // where to look for NCCL last
+  int smsForNccl = kSmsForNccl;   // SMs the reduction kernels leave to NCCL's (nccl_sms)
 };
 
 // The CUDA half of a ringcomm communicator on one GPU: an NCCL transport (non-blocking NCCL

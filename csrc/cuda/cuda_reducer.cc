@@ -19,6 +19,7 @@ void CudaReducer::reduce(void* out0, void* out1, const void* a, const void* b, s
   l.op = spec.op;
   l.divisor = spec.divisor;
   l.finalize = finalize;
+  l.smsForNccl = smsForNccl_;
   CudaDeviceGuard guard(device_);
   launchReduce(l, stream_);
 }
@@ -34,6 +35,7 @@ void CudaReducer::convert(void* out0, void* out1, const void* src, bool srcIsWir
   l.srcIsWire = srcIsWire;
   l.n = n;
   l.wireType = spec.wireType;
+  l.smsForNccl = smsForNccl_;
   CudaDeviceGuard guard(device_);
   launchConvert(l, stream_);
 }

@@ -4,13 +4,16 @@
 
 #include <cuda_runtime_api.h>
 
+#include "cuda/reduce_kernels.h"
 #include "ringcomm/reducer.h"
 
 namespace ringcomm {
 
 class CudaReducer : public Reducer {
  public:
-  CudaReducer(int device, cudaStream_t stream) : device_(device), stream_(stream) {}
+  // `smsForNccl`: SMs its kernels leave to NCCL's (reduce_kernels.h).
+  CudaReducer(int device, cudaStream_t stream, int smsForNccl = kSmsForNccl)
+      : device_(device), stream_(stream), smsForNccl_(smsForNccl) {}
 
   void reduce(void* out0, void* out1, const void* a, const void* b, size_t n,
               const ReduceSpec& spec, bool finalize) override;
@@ -25,6 +28,7 @@ class CudaReducer : public Reducer {
  private:
   int device_;
   cudaStream_t stream_;
+  int smsForNccl_;
 };
 
 }  // namespace ringcomm

@@ -73,12 +73,13 @@ std::unique_ptr<GpuApi> tryOpen(const std::string& name, int flags, std::string&
   return api;
 }
 
-std::unique_ptr<GpuApi> search(const std::string& hint) {
+std::unique_ptr<GpuApi> search(const NcclSearch& where) {
   std::string tried;
-  if (const char* env = std::getenv("RINGCOMM_NCCL_LIBRARY"); env != nullptr && *env) {
+  const std::string& hint = where.hint;
+  if (!where.library.empty()) {
     // An explicit choice is final: falling back silently would hide a typo.
-    if (auto api = tryOpen(asLibraryFile(env), RTLD_NOW | RTLD_LOCAL, tried)) return api;
-    RC_THROW("RINGCOMM_NCCL_LIBRARY=", env, " could not be used as NCCL:", tried);
+    if (auto api = tryOpen(asLibraryFile(where.library), RTLD_NOW | RTLD_LOCAL, tried)) return api;
+    RC_THROW("nccl_library=", where.library, " could not be used as NCCL:", tried);
   }
   if (auto api = tryOpen(kSoname, RTLD_NOW | RTLD_NOLOAD, tried)) return api;
   if (auto api = tryOpen(kSoname, RTLD_NOW | RTLD_LOCAL, tried)) return api;
@@ -86,7 +87,7 @@ std::unique_ptr<GpuApi> search(const std::string& hint) {
     if (auto api = tryOpen(asLibraryFile(hint), RTLD_NOW | RTLD_LOCAL, tried)) return api;
   RC_THROW("ringcomm could not load NCCL (", kSoname, "). Tried:", tried,
            "\nInstall it with `pip install nvidia-nccl-cu13` (or use the one PyTorch ships), "
-           "or set RINGCOMM_NCCL_LIBRARY to the library file.");
+           "or set RINGCOMM_NCCL_LIBRARY (the nccl_library option) to the library file.");
 }
 
 }  // namespace
@@ -105,11 +106,11 @@ std::string GpuApi::describe(cudaError_t status) const {
   return std::string(cudaGetErrorName(status)) + " (" + cudaGetErrorString(status) + ")";
 }
 
-const GpuApi& loadGpuApi(const std::string& hint) {
+const GpuApi& loadGpuApi(const NcclSearch& where) {
   static std::mutex mutex;
   static std::unique_ptr<GpuApi> api;
   std::lock_guard<std::mutex> lock(mutex);
-  if (!api) api = search(hint);  // a failure is not cached: a later hint may succeed
+  if (!api) api = search(where);  // a failure is not cached: a later search may succeed
   return *api;
 }
 

@@ -70,12 +70,17 @@ struct GpuApi {
   std::string describe(cudaError_t status) const;
 };
 
-// The CUDA runtime and NCCL, loaded once per process. NCCL's search order:
-//   1. $RINGCOMM_NCCL_LIBRARY (a file, or a folder holding libnccl.so.2);
-//   2. a libnccl.so.2 already loaded in this process (the one torch uses);
-//   3. "libnccl.so.2" through the normal library search;
-//   4. `hint` (a file or folder; Python passes the nvidia-nccl-cu13 wheel's lib folder).
-// Raises ringcomm::Error listing every place tried when none works. Thread-safe.
-const GpuApi& loadGpuApi(const std::string& hint = "");
+// NCCL and where to look for it: `library` (a file, or a folder holding libnccl.so.2; the
+// nccl_library option), when set, is the only place; else a libnccl.so.2 already loaded in this
+// process (the one torch uses), "libnccl.so.2" through the normal library search, then `hint`
+// (Python passes the nvidia-nccl-cu13 wheel's lib folder).
+struct NcclSearch {
+  std::string library;
+  std::string hint;
+};
+
+// The CUDA runtime and NCCL, loaded once per process (the first successful search wins). Raises
+// ringcomm::Error listing every place tried when NCCL is not found. Thread-safe.
+const GpuApi& loadGpuApi(const NcclSearch& search = {});
 
 }  // namespace ringcomm

@@ -26,9 +26,6 @@
 namespace ringcomm::kern {
 
 constexpr int kThreads = 256;
-// SMs a reduction leaves to NCCL's own CTAs (its send/recv kernels overlap our reduces; NCCL
-// uses a few channels per peer, one CTA each). RINGCOMM_NCCL_SMS overrides.
-constexpr int kSmsForNccl = 8;
 constexpr int kMaxDevices = 64;
 
 // The ops and their arithmetic are ringcomm/op_math.h's, shared with the CPU reducer.
@@ -176,14 +173,6 @@ inline size_t gridLimit(int sms, int blocksPerSm, int reserved) {
   return static_cast<size_t>(usable) * static_cast<size_t>(blocksPerSm > 0 ? blocksPerSm : 1);
 }
 
-inline int smsForNccl() {
-  static const int value = [] {
-    const char* env = std::getenv("RINGCOMM_NCCL_SMS");
-    return env != nullptr && *env ? std::atoi(env) : kSmsForNccl;
-  }();
-  return value;
-}
-
 // Resident blocks per SM of `kernel` at kThreads threads (registers decide: ~60-80 registers
 // fit 3-4 blocks of 256), asked once per kernel and device.
 inline int residentBlocks(const void* kernel) {
@@ -221,9 +210,9 @@ inline size_t alignedHead(std::initializer_list<Operand> operands, size_t perVec
 }
 
 // Splits n elements into p's Range, sizes the grid (one thread per vector, at most one wave of
-// resident blocks on the SMs NCCL does not need) and launches kernel(p) on the stream.
+// resident blocks on the SMs the kernel leaves to NCCL) and launches kernel(p) on the stream.
 template <typename P>
-void launchOver(void (*kernel)(P), P& p, size_t n, size_t head, size_t perVec,
+void launchOver(void (*kernel)(P), P& p, size_t n, size_t head, size_t perVec, int smsForNccl,
                 cudaStream_t stream) {
   p.n = n;
   p.head = head == SIZE_MAX ? n : (head < n ? head : n);
@@ -231,7 +220,7 @@ void launchOver(void (*kernel)(P), P& p, size_t n, size_t head, size_t perVec,
   const size_t work = p.vecs > 0 ? p.vecs : n;
   const size_t wanted = (work + kThreads - 1) / kThreads;
   const size_t limit =
-      gridLimit(smCount(), residentBlocks(reinterpret_cast<const void*>(kernel)), smsForNccl());
+      gridLimit(smCount(), residentBlocks(reinterpret_cast<const void*>(kernel)), smsForNccl);
   const auto blocks = static_cast<unsigned>(wanted < limit ? (wanted > 0 ? wanted : 1) : limit);
   kernel<<<blocks, kThreads, 0, stream>>>(p);
   RC_CUDA_CHECK(cudaGetLastError());

@@ -44,7 +44,7 @@ NcclTransport::NcclTransport(const NcclTransportOptions& options)
   RC_CHECK(options_.slots >= 2, "NcclTransport needs at least 2 slots per direction");
   RC_CHECK(options_.slotBytes >= 16, "NcclTransport slots must hold at least 16 bytes");
   RC_CHECK(options_.timeoutSeconds > 0, "the timeout must be positive");
-  api_ = options_.api != nullptr ? options_.api : &loadGpuApi(options_.libraryHint);
+  api_ = options_.api != nullptr ? options_.api : &loadGpuApi(options_.nccl);
   try {
     create();
   } catch (...) {

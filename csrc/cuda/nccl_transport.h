@@ -53,8 +53,8 @@ struct NcclTransportOptions {
   // Costs (2 x worldSize + 2) x publishBytes of device memory, allocated once.
   size_t publishBytes = 0;
   double timeoutSeconds = 600.0;  // init, each NCCL call, each collective
-  std::string libraryHint;        // folder or file for loadGpuApi
-  const GpuApi* api = nullptr;    // the CUDA and NCCL functions (null: loadGpuApi(libraryHint))
+  NcclSearch nccl;                // where loadGpuApi looks for NCCL
+  const GpuApi* api = nullptr;    // the CUDA and NCCL functions (null: loadGpuApi(nccl))
 };
 
 class NcclTransport : public Transport {

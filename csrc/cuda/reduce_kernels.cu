@@ -75,7 +75,7 @@ void launchTyped(const ReduceLaunch& l, cudaStream_t stream) {
   p.fin = Epilogue<typename C::Acc>::from(l);
   const size_t head = alignedHead(
       {{l.out0, sizeof(S)}, {l.out1, sizeof(S)}, {l.a, sizeof(S)}, {l.b, sizeof(S)}}, kPerVec);
-  launchOver(reduceKernel<C, Op>, p, l.n, head, kPerVec, stream);
+  launchOver(reduceKernel<C, Op>, p, l.n, head, kPerVec, l.smsForNccl, stream);
 }
 
 // kAll: the integer ops too. Callers have checked the (dtype, op) pair (opSupported), so the

@@ -10,6 +10,10 @@
 
 namespace ringcomm {
 
+// SMs a reduction leaves to NCCL's own CTAs by default (its send/recv kernels overlap ours; NCCL
+// uses a few channels per peer, one CTA each); CommOptions.nccl_sms sets it per communicator.
+constexpr int kSmsForNccl = 8;
+
 struct ReduceLaunch {
   void* out0 = nullptr;  // either output may be null; outputs may alias a or b
   void* out1 = nullptr;
@@ -24,6 +28,7 @@ struct ReduceLaunch {
   RedOp op = RedOp::Sum;
   int divisor = 1;      // AVG divides the result by this when `finalize` is set
   bool finalize = false;
+  int smsForNccl = kSmsForNccl;  // SMs the kernel leaves free
 };
 
 // Enqueues the reduction on `stream` (a cudaStream_t) on the current device. The caller has
@@ -41,6 +46,7 @@ struct ConvertLaunch {
   bool srcIsWire = false;
   size_t n = 0;  // elements
   DataType wireType = DataType::BFloat16;
+  int smsForNccl = kSmsForNccl;
 };
 
 void launchConvert(const ConvertLaunch& launch, void* stream);

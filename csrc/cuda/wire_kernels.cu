@@ -172,7 +172,7 @@ void launchMixedTyped(const ReduceLaunch& l, cudaStream_t stream) {
   p.b = static_cast<const uint16_t*>(l.b);
   p.fin = Epilogue<float>::from(l);
   const size_t head = alignedHead({{l.out0, 4}, {l.out1, 2}, {l.a, 4}, {l.b, 2}}, kWirePerVec);
-  launchOver(mixedReduceKernel<W, Op>, p, l.n, head, kWirePerVec, stream);
+  launchOver(mixedReduceKernel<W, Op>, p, l.n, head, kWirePerVec, l.smsForNccl, stream);
 }
 
 template <typename W>
@@ -191,7 +191,7 @@ void launchConvertTyped(const ConvertLaunch& l, cudaStream_t stream) {
   const size_t head = alignedHead(
       {{l.out0, 4}, {l.out1, 2}, {l.src, l.srcIsWire ? 2u : 4u}}, kWirePerVec);
   launchOver(l.srcIsWire ? convertKernel<W, true> : convertKernel<W, false>, p, l.n, head,
-             kWirePerVec, stream);
+             kWirePerVec, l.smsForNccl, stream);
 }
 
 }  // namespace
