@@ -137,6 +137,16 @@ void bindCollectiveRequest(py::module_& m) {
       });
 }
 
+const char* layoutName(Layout layout) {
+  switch (layout) {
+    case Layout::InPlace: return "in_place";
+    case Layout::OutputBlock: return "output_block";
+    case Layout::InputBlock: return "input_block";
+    case Layout::PerPeer: return "per_peer";
+  }
+  return "unknown";
+}
+
 py::dict buildInfo() {
   py::dict info;
 #ifdef RINGCOMM_WITH_CUDA
@@ -183,9 +193,19 @@ PYBIND11_MODULE(_C, m) {
     if (row.autoMaxBytes) thresholds[thresholdName(row).c_str()] = *row.autoMaxBytes;
   m.attr("DEFAULT_THRESHOLDS") = thresholds;
   py::list planned;  // the collectives the schedule covers, in enum order
-  for (const PrimitiveInfo& row : kPrimitives)
-    if (row.planned) planned.append(row.primitive);
+  py::dict collectives;  // their kPrimitives columns, which the Python layer and tests read
+  for (const PrimitiveInfo& row : kPrimitives) {
+    if (!row.planned) continue;
+    planned.append(row.primitive);
+    py::dict info;
+    info["reduces"] = row.reduces;
+    info["root"] = row.root != nullptr ? py::object(py::str(row.root)) : py::object(py::none());
+    info["layout"] = layoutName(row.layout);
+    info["wire"] = row.wire;
+    collectives[row.name] = info;
+  }
   m.attr("PLANNED_PRIMITIVES") = planned;
+  m.attr("COLLECTIVES") = collectives;
 
   m.def("dtype_size", &dataTypeSize);
   m.def(
