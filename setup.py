@@ -127,9 +127,10 @@ class BuildWithCuda(build_ext):
 
 
 def make_extension():
-    sources = [str(CSRC / "bindings.cc"), str(CSRC / "testing" / "bindings_testing.cc")]
-    sources += sorted(glob.glob(str(CSRC / "core" / "*.cc")))
-    sources += sorted(glob.glob(str(CSRC / "cpu" / "*.cc")))
+    # Every source folder of csrc/ (core, cpu, testing, a new host transport's) but cuda/, whose
+    # sources need the toolkit and NCCL (below).
+    sources = [str(CSRC / "bindings.cc")]
+    sources += sorted(str(p) for p in CSRC.glob("*/*.cc") if p.parent.name != "cuda")
     ext = Pybind11Extension(
         "ringcomm._C",
         sources=[os.path.relpath(s, ROOT) for s in sources],
