@@ -188,10 +188,14 @@ PYBIND11_MODULE(_C, m) {
     algorithmPrimitives[row.name] = plans;
   }
   m.attr("ALGORITHM_PRIMITIVES") = algorithmPrimitives;
-  py::dict thresholds;  // CommOptions' threshold fields and their defaults, in table order
-  for (const AlgorithmInfo& row : kAlgorithms)
-    if (row.autoMaxBytes) thresholds[thresholdName(row).c_str()] = *row.autoMaxBytes;
+  py::dict thresholds, uses;  // CommOptions' threshold fields: defaults and what they govern
+  for (const AlgorithmInfo& row : kAlgorithms) {
+    if (!row.autoMaxBytes) continue;
+    thresholds[thresholdName(row).c_str()] = *row.autoMaxBytes;
+    uses[thresholdName(row).c_str()] = row.autoUse;
+  }
   m.attr("DEFAULT_THRESHOLDS") = thresholds;
+  m.attr("THRESHOLD_USES") = uses;
   py::list planned;  // the collectives the schedule covers, in enum order
   py::dict collectives;  // their kPrimitives columns, which the Python layer and tests read
   for (const PrimitiveInfo& row : kPrimitives) {
