@@ -83,8 +83,8 @@ def test_every_collective_by_request_matches_the_reference(n):
     results = launch(n, every_collective_by_request, timeout=120)
     for rank, wrongs in enumerate(results):
         assert not any(wrongs.values()), (rank, wrongs)
-    planned = {kind.name for kind in _C.PLANNED_PRIMITIVES}
-    assert {case.split()[0] for case in results[-1]} == planned  # the root ran every one
+    assert {case.split()[0] for case in results[-1]} == {  # the root ran every one
+        "all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "gather", "scatter"}
 
 
 def _alone():
