@@ -127,9 +127,10 @@ class BuildWithCuda(build_ext):
 
 
 def make_extension():
-    sources = [str(CSRC / "bindings.cc"), str(CSRC / "testing" / "bindings_testing.cc")]
-    sources += sorted(glob.glob(str(CSRC / "core" / "*.cc")))
-    sources += sorted(glob.glob(str(CSRC / "cpu" / "*.cc")))
+    # Every source folder of csrc/ (core, cpu, testing, a new host transport's) but cuda/, whose
+    # sources need the toolkit and NCCL (below).
+    sources = [str(CSRC / "bindings.cc")]
+    sources += sorted(str(p) for p in CSRC.glob("*/*.cc") if p.parent.name != "cuda")
     ext = Pybind11Extension(
         "ringcomm._C",
         sources=[os.path.relpath(s, ROOT) for s in sources],
@@ -144,10 +145,11 @@ def make_extension():
     if cuda_wanted(cuda_home):
         nccl_include = find_nccl_include()
         archs = cuda_archs()
-        # The CUDA part, and its tests' host implementation of CUDA and NCCL (csrc/testing).
-        cuda_sources = sorted(glob.glob(str(CSRC / "cuda" / "*.cc"))) + [
-            str(CSRC / "bindings_cuda.cc"), str(CSRC / "testing" / "host_gpu.cc"),
-            str(CSRC / "testing" / "bindings_host_gpu.cc")]
+        # Every cuda/ folder: the CUDA part, and its tests' host implementation of CUDA and NCCL
+        # (csrc/testing/cuda).
+        cuda_sources = sorted(str(p) for p in CSRC.rglob("*.cc")
+                              if "cuda" in p.relative_to(CSRC).parts[:-1])
+        cuda_sources.append(str(CSRC / "bindings_cuda.cc"))
         ext.sources += [os.path.relpath(s, ROOT) for s in cuda_sources]
         ext.include_dirs += [str(cuda_home / "include"), str(nccl_include)]
         ext.library_dirs += [str(cuda_home / "lib64")]

@@ -18,7 +18,7 @@ namespace py = pybind11;
 
 namespace ringcomm {
 
-void bindHostGpu(py::module_& testing);  // csrc/testing/bindings_host_gpu.cc
+void bindHostGpu(py::module_& testing);  // csrc/testing/cuda/bindings_host_gpu.cc
 
 void bindCuda(py::module_& m) {
   auto release = py::call_guard<py::gil_scoped_release>();

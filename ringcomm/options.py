@@ -23,10 +23,7 @@ to the backends; nothing reads the environment at import time.
 docs/design.md says how slots, slices, waits and thresholds were chosen.
 
 ``auto``'s thresholds: one field per algorithm it picks by size, with the algorithm table's
-defaults (csrc/include/ringcomm/algorithms.h; ``THRESHOLDS``). It runs all_reduce one_shot up to
-one_shot_max_bytes, else two_shot up to two_shot_max_bytes, else the ring; reduce_scatter and
-all_gather one_shot (two_shot's halves) up to two_shot_max_bytes; at 2 ranks only one_shot
-all_reduce (the ring takes no more hops there).
+defaults and uses (csrc/include/ringcomm/algorithms.h; ``THRESHOLDS``); the ring past them all.
 
 """
 import dataclasses
@@ -167,8 +164,8 @@ def _threshold_rows():
     for field, default in THRESHOLDS.items():
         algorithm = field.removesuffix("_max_bytes")
         size = f"{default // 1024} KiB" if default and default % 1024 == 0 else f"{default} B"
-        rows.append(f"| {field} | {_ENVIRONMENT[field][0]} | "
-                    f"{size if default else '0 (never)'}: ``auto`` runs {algorithm} up to here |")
+        rows.append(f"| {field} | {_ENVIRONMENT[field][0]} | {size if default else '0 (never)'}: "
+                    f"``auto`` runs {algorithm} up to here ({_C.THRESHOLD_USES[field]}) |")
     return "\n".join(rows) + "\n"
 
 

@@ -42,7 +42,8 @@ class PointToPoint:
         if buf.device == "cuda":
             if self.debug:
                 self._debug_envelope("send", dst, buf, tag)
-            self._call(buf, "send", (buf.address, buf.numel, buf.c_dtype, dst, int(tag)), {})
+            self._on_backend(buf, lambda comm, stream: comm.send(
+                buf.address, buf.numel, buf.c_dtype, dst, int(tag), stream))
             return tensor
         comm, links = self._peer_links()
         links.to(dst)
@@ -56,7 +57,8 @@ class PointToPoint:
         if buf.device == "cuda":
             if self.debug:
                 self._debug_envelope("recv", src, buf, tag)
-            self._call(buf, "recv", (buf.address, buf.numel, buf.c_dtype, src, int(tag)), {})
+            self._on_backend(buf, lambda comm, stream: comm.recv(
+                buf.address, buf.numel, buf.c_dtype, src, int(tag), stream))
             return tensor
         comm, links = self._peer_links()
         links.from_(src)
@@ -116,8 +118,8 @@ class PointToPoint:
         send_counts = _split_counts(inp, input_split_sizes, self.world_size, "input")
         recv_counts = _split_counts(out, output_split_sizes, self.world_size, "output")
         if out.device == "cuda":  # every step one NCCL group, ordered on the current stream
-            self._call(out, "all_to_all", (out.address, inp.address, send_counts, recv_counts,
-                                           out.c_dtype), {})
+            self._on_backend(out, lambda comm, stream: comm.all_to_all(
+                out.address, inp.address, send_counts, recv_counts, out.c_dtype, stream))
             return output
         comm, links = self._peer_links() if self.world_size > 1 else (self._backend("cpu", -1), None)
         if links is not None:

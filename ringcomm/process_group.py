@@ -25,6 +25,7 @@ from .rendezvous import Rendezvous
 from .ops import to_c_op
 
 NAME = "ringcomm"
+_ALL_REDUCE, _BROADCAST = _C.Primitive.all_reduce, _C.Primitive.broadcast
 
 _RedOpType = dist.ReduceOp.RedOpType
 
@@ -109,6 +110,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         # count of communicators would drift between ranks.
         rendezvous = Rendezvous.from_store(store, rank, world_size, timeout, name=group_name)
         self.communicator = Communicator(rendezvous)
+        self._all_reduce_algorithm = self.communicator.default_algorithm("all_reduce")
         self._rank, self._world_size = rank, world_size
         self._group_name = self._group_desc = ""
         self._p2p_threads, self._p2p_last = None, {}
@@ -143,15 +145,15 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         # The hot path (a contiguous CPU tensor of a supported dtype) goes straight into the
         # C++ ring with nothing allocated on the way, unless the communicator's options ask for
-        # more (see Communicator._now); the rest takes the checked route.
+        # more (Communicator.try_run_now); the rest takes the checked route.
         op = _op(opts, "all_reduce")
-        comm = self.communicator
+        comm, algorithm = self.communicator, self._all_reduce_algorithm
 
         def body():
             for t in tensors:
-                fast = cpu_array(t)  # then wire_dtype, stream and algorithm, positionally
-                if fast is None or not comm._now("all_reduce",
-                                                 (*fast, op, None, 0, comm._algorithm)):
+                fast = cpu_array(t)
+                if fast is None or not comm.try_run_now(_ALL_REDUCE, fast[0], 0, fast[1], fast[2],
+                                                        op, 0, algorithm):
                     with _Contiguous(t) as c:
                         comm.all_reduce(c, op.name)
 
@@ -167,7 +169,8 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         def body():
             for t in tensors:
                 fast = cpu_array(t)
-                if fast is None or not comm._now("broadcast", (*fast, root)):
+                if fast is None or not comm.try_run_now(_BROADCAST, fast[0], 0, fast[1], fast[2],
+                                                        _C.RedOp.sum, root):
                     with _Contiguous(t) as c:
                         comm.broadcast(c, root)
 

@@ -68,7 +68,7 @@ class Schedule:
     def __str__(self):
         chunks = " ".join(f"c{i}=[{o},{o + n})" for i, (o, n) in enumerate(self.chunks))
         header = f"{self.primitive}: {self.world_size} ranks, count {self.count}"
-        if self.primitive in ("broadcast", "reduce", "gather", "scatter"):
+        if _C.COLLECTIVES[self.primitive]["root"]:
             header += f", root {self.root}"
         if self.algorithm != "ring":
             header += f", {self.algorithm} (each round of publications runs every step)"
@@ -91,7 +91,8 @@ def schedule(primitive="all_reduce", world_size=4, count=None, root=0, dtype="fl
     ``algorithm`` ("ring", "one_shot", "two_shot": ringcomm.options.ALGORITHM_PRIMITIVES says
     which runs what).
 
-    ``count`` is the tensor's elements for all_reduce, broadcast and reduce, and one rank's block
+    ``count`` is the tensor's elements for a collective that runs in place (all_reduce,
+    broadcast, reduce: ``_C.COLLECTIVES``' layout), and one rank's block
     for the others (default: one element per rank). ``dtype`` and ``wire_dtype`` (torch dtypes or
     names) matter to all_reduce only: its chunks start on 16-byte boundaries of both.
 
@@ -106,8 +107,8 @@ def schedule(primitive="all_reduce", world_size=4, count=None, root=0, dtype="fl
         raise ValueError(f"no ring schedule for {primitive!r}; one of {list(planned)}")
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
-    if count is None:
-        count = world_size if primitive in ("all_reduce", "broadcast", "reduce") else 1
+    if count is None:  # one element per rank: the whole tensor's, or each rank's block
+        count = world_size if _C.COLLECTIVES[primitive]["layout"] == "in_place" else 1
     if algorithm == "auto" or primitive not in ALGORITHM_PRIMITIVES.get(algorithm, (primitive,)):
         runs = [a for a, kinds in ALGORITHM_PRIMITIVES.items() if primitive in kinds and a != "auto"]
         raise ValueError(f"no {algorithm!r} schedule for {primitive!r}; one of {runs}")

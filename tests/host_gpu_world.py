@@ -1,7 +1,7 @@
 """The real NcclTransport without a GPU: ranks are threads of this process, each with a
 ringcomm.Communicator whose CPU tensors go through NcclTransport over the host implementation of
-CUDA and NCCL (_C.testing.host_gpu, csrc/testing/host_gpu.h) and the CPU reducer launched on its
-compute stream. Every collective ends on the calling thread's default stream, which the wrapper
+CUDA and NCCL (_C.testing.host_gpu, csrc/testing/cuda/host_gpu.h) and the CPU reducer launched
+on its compute stream. Every collective ends on the calling thread's default stream, which the wrapper
 waits for, so a test reads results as on the CPU path."""
 import contextlib
 import threading
@@ -19,9 +19,8 @@ if not _C.build_info()["cuda"]:
 
 host_gpu = _C.testing.host_gpu
 
-# Every collective the core communicator runs; each ends on the caller's default stream.
-_STREAM_ORDERED = {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "gather",
-                   "scatter", "send", "recv", "all_to_all"}
+# What the core communicator runs on the caller's stream (here its default stream).
+_STREAM_ORDERED = {"run", "send", "recv", "all_to_all"}
 
 
 class _Synchronized:

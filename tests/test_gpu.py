@@ -19,6 +19,8 @@ except ImportError:  # not built: every test here skips
     _C, OPS = None, []
 
 HAS_CUDA = _C is not None and hasattr(_C, "cuda_available") and _C.cuda_available()
+if _C is not None:  # raw collectives: a CollectiveRequest each, Communicator.run
+    R, P = _C.CollectiveRequest, _C.Primitive
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not HAS_CUDA or not torch.cuda.is_available(),
                                  reason="needs a CUDA GPU and ringcomm built with CUDA")]
@@ -57,37 +59,13 @@ def _random(dtype, n, gen):
 
 
 def _reference(dtype, op, a, b, divisor, finalize):
-    """What the CPU reducer computes: floats in float32 (float64 for float64), ints wrapping."""
-    t = DTYPES[dtype]
-    if dtype == "bool":
-        fn = {"sum": torch.logical_or, "max": torch.logical_or, "bor": torch.logical_or,
-              "lor": torch.logical_or, "prod": torch.logical_and, "min": torch.logical_and,
-              "band": torch.logical_and, "land": torch.logical_and,
-              "bxor": torch.logical_xor}[op]
-        return fn(a, b)
-    acc = torch.float64 if dtype == "float64" else (torch.float32 if dtype in FLOATS else t)
-    x, y = a.to(acc), b.to(acc)
-    if op in ("sum", "avg"):
-        r = x + y
-    elif op == "prod":
-        r = x * y
-    elif op == "min":
-        r = torch.minimum(x, y)
-    elif op == "max":
-        r = torch.maximum(x, y)
-    elif op == "band":
-        r = x & y
-    elif op == "bor":
-        r = x | y
-    elif op == "bxor":
-        r = x ^ y
-    elif op == "land":
-        r = ((x != 0) & (y != 0)).to(acc)
-    else:
-        r = ((x != 0) | (y != 0)).to(acc)
-    if op == "avg" and finalize and divisor != 1:
-        r = r / divisor if dtype in FLOATS else torch.div(r, divisor, rounding_mode="trunc")
-    return r.to(t)
+    """The CPU reducer's result (csrc/cpu/cpu_reducer.cc: the same op_math.h arithmetic, which
+    tests/sweep.py checks on CPU): the kernels must match it, so a new op needs no edit here."""
+    a, b = a.cpu(), b.cpu()
+    out = torch.empty_like(a)
+    _C.testing.cpu_reduce(out.data_ptr(), 0, a.data_ptr(), b.data_ptr(), a.numel(),
+                          getattr(_C.DataType, dtype), getattr(_C.RedOp, op), divisor, finalize)
+    return out.to("cuda")
 
 
 def _run_kernel(dtype, op, out0, out1, a, b, n, divisor=1, finalize=False):
@@ -392,17 +370,18 @@ def _all_primitives(comm, ring, rank, world, store):
         for name, op in REDUCE_CASES:
             dt, cdt, cop = DTYPES[name], getattr(_C.DataType, name), getattr(_C.RedOp, op)
             x = _values(rank, n, dt)
-            comm.all_reduce(x.data_ptr(), n, cdt, cop, stream=stream)
+            comm.run(R(P.all_reduce, x.data_ptr(), 0, n, cdt, cop, stream=stream))
             _assert_same(x, _expected(op, world, n, dt), f"all_reduce {name} {op} n={n}")
 
             big = torch.cat([_values(rank, n, dt) for _ in range(world)])
             out = torch.empty(n, dtype=dt, device="cuda")
-            comm.reduce_scatter(out.data_ptr(), big.data_ptr(), n, cdt, cop, stream)
+            comm.run(R(P.reduce_scatter, out.data_ptr(), big.data_ptr(), n, cdt, cop,
+                       stream=stream))
             _assert_same(out, _expected(op, world, n, dt), f"reduce_scatter {name} {op} n={n}")
 
             root = world - 1
             y = _values(rank, n, dt)
-            comm.reduce(y.data_ptr(), n, cdt, cop, root, stream)
+            comm.run(R(P.reduce, y.data_ptr(), 0, n, cdt, cop, root, stream=stream))
             if rank == root:
                 _assert_same(y, _expected(op, world, n, dt), f"reduce {name} {op} n={n}")
 
@@ -410,22 +389,22 @@ def _all_primitives(comm, ring, rank, world, store):
         mine = _values(rank, n, dt)
         everyone = torch.cat([_values(r, n, dt) for r in range(world)])
         out = torch.full((world * n,), -1.0, device="cuda")
-        comm.all_gather(out.data_ptr(), mine.data_ptr(), n, cdt, stream)
+        comm.run(R(P.all_gather, out.data_ptr(), mine.data_ptr(), n, cdt, stream=stream))
         _assert_same(out, everyone, f"all_gather n={n}")
 
         src = 1 % world
         z = _values(rank, n, dt)
-        comm.broadcast(z.data_ptr(), n, cdt, src, stream)
+        comm.run(R(P.broadcast, z.data_ptr(), 0, n, cdt, root=src, stream=stream))
         _assert_same(z, _values(src, n, dt), f"broadcast n={n}")
 
         out = torch.full((world * n,), -1.0, device="cuda")
-        comm.gather(out.data_ptr(), mine.data_ptr(), n, cdt, 0, stream)
+        comm.run(R(P.gather, out.data_ptr(), mine.data_ptr(), n, cdt, root=0, stream=stream))
         if rank == 0:
             _assert_same(out, everyone, f"gather n={n}")
 
         piece = torch.full((n,), -1.0, device="cuda")
-        comm.scatter(piece.data_ptr(), everyone.data_ptr() if rank == src else 0, n, cdt, src,
-                     stream)
+        comm.run(R(P.scatter, piece.data_ptr(), everyone.data_ptr() if rank == src else 0, n,
+                   cdt, root=src, stream=stream))
         _assert_same(piece, _values(rank, n, dt), f"scatter n={n}")
     ring.synchronize(60.0)
 
@@ -439,8 +418,8 @@ def _wire_all_reduce(comm, ring, rank, world, store):
         for n in PRIMITIVE_COUNTS:
             for op in ("sum", "avg", "max", "min"):
                 x = _values(rank, n, torch.float32)
-                comm.all_reduce(x.data_ptr(), n, _C.DataType.float32, getattr(_C.RedOp, op),
-                                wire_dtype=cwire, stream=stream)
+                comm.run(R(P.all_reduce, x.data_ptr(), 0, n, _C.DataType.float32,
+                           getattr(_C.RedOp, op), wire_dtype=cwire, stream=stream))
                 want = _expected(op, world, n, torch.float32)
                 if op == "avg":  # the quotient is rounded to the wire like everything sent
                     want = want.to(DTYPES[wire]).float()
@@ -448,10 +427,11 @@ def _wire_all_reduce(comm, ring, rank, world, store):
 
             gen = torch.Generator(device="cuda").manual_seed(1000 + rank)
             x = torch.randn(n, generator=gen, device="cuda")
-            comm.all_reduce(x.data_ptr(), n, _C.DataType.float32, _C.RedOp.sum,
-                            wire_dtype=cwire, stream=stream)
+            comm.run(R(P.all_reduce, x.data_ptr(), 0, n, _C.DataType.float32, _C.RedOp.sum,
+                       wire_dtype=cwire, stream=stream))
             everyone = torch.empty(world * n, device="cuda")
-            comm.all_gather(everyone.data_ptr(), x.data_ptr(), n, _C.DataType.float32, stream)
+            comm.run(R(P.all_gather, everyone.data_ptr(), x.data_ptr(), n, _C.DataType.float32,
+                       stream=stream))
             for r in range(world):
                 _assert_bits(everyone[r * n:(r + 1) * n], x,
                              f"{wire} wire sum n={n}: rank {r} differs from rank {rank}")
@@ -473,8 +453,8 @@ def _stream_semantics(comm, ring, rank, world, store):
     with torch.cuda.stream(side):
         torch.cuda._sleep(50_000_000)  # the collective must wait for this fill
         x.fill_(rank + 1.0)
-        comm.all_reduce(x.data_ptr(), n, _C.DataType.float32, _C.RedOp.sum,
-                        stream=side.cuda_stream)
+        comm.run(R(P.all_reduce, x.data_ptr(), 0, n, _C.DataType.float32,
+                   stream=side.cuda_stream))
         y = x * 2
     side.synchronize()
     total = world * (world + 1) / 2
@@ -484,8 +464,8 @@ def _stream_semantics(comm, ring, rank, world, store):
     slow = torch.cuda.Stream()
     with torch.cuda.stream(slow):
         torch.cuda._sleep(2_000_000_000)  # ~1 s: still running after the capture below
-        comm.all_reduce(x.data_ptr(), n, _C.DataType.float32, _C.RedOp.sum,
-                        stream=slow.cuda_stream)
+        comm.run(R(P.all_reduce, x.data_ptr(), 0, n, _C.DataType.float32,
+                   stream=slow.cuda_stream))
 
     g = torch.cuda.CUDAGraph()
     buf = torch.zeros(1000, device="cuda")
@@ -495,8 +475,8 @@ def _stream_semantics(comm, ring, rank, world, store):
         # capture_begin, not `with torch.cuda.graph(g)`: that synchronizes the whole device
         # first, which would finish the eager all_reduce that query() is checked against.
         g.capture_begin()
-        comm.all_reduce(buf.data_ptr(), 1000, _C.DataType.float32, _C.RedOp.sum,
-                        stream=capture.cuda_stream)
+        comm.run(R(P.all_reduce, buf.data_ptr(), 0, 1000, _C.DataType.float32,
+                   stream=capture.cuda_stream))
         g.capture_end()
     torch.cuda.current_stream().wait_stream(capture)
     assert not ring.query(), "the eager all_reduce behind the sleep is still running"
@@ -530,10 +510,10 @@ def _timeout(comm, ring, rank, world, store):
     x = torch.ones(1 << 20, device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
     # Together first: NCCL connects peers lazily, and connecting needs both sides.
-    comm.all_reduce(x.data_ptr(), x.numel(), _C.DataType.float32, _C.RedOp.sum, stream=stream)
+    comm.run(R(P.all_reduce, x.data_ptr(), 0, x.numel(), _C.DataType.float32, stream=stream))
     ring.synchronize(60.0)
     if rank == 0:
-        comm.all_reduce(x.data_ptr(), x.numel(), _C.DataType.float32, _C.RedOp.sum, stream=stream)
+        comm.run(R(P.all_reduce, x.data_ptr(), 0, x.numel(), _C.DataType.float32, stream=stream))
         with pytest.raises(RuntimeError, match="did not finish.*rank 0 of 2.*rank 1"):
             ring.synchronize(5.0)
         store.set("rank0-done", b"1")
@@ -739,8 +719,8 @@ def _one_hop_all_reduce(name, comm, ring, rank, world, store):
     algorithm = _C.Algorithm.__members__[name]
     try:
         x = _values(rank, 8, torch.float32)
-        comm.all_reduce(x.data_ptr(), 8, _C.DataType.float32, _C.RedOp.sum, stream=stream,
-                        algorithm=algorithm)
+        comm.run(R(P.all_reduce, x.data_ptr(), 0, 8, _C.DataType.float32, algorithm=algorithm,
+                   stream=stream))
     except _C.RingcommError as e:
         if "needs" in str(e):
             return str(e)
@@ -749,15 +729,16 @@ def _one_hop_all_reduce(name, comm, ring, rank, world, store):
         for dtype_name, op in REDUCE_CASES:
             dt, cdt = DTYPES[dtype_name], getattr(_C.DataType, dtype_name)
             x = _values(rank, n, dt)
-            comm.all_reduce(x.data_ptr(), n, cdt, getattr(_C.RedOp, op), stream=stream,
-                            algorithm=algorithm)
+            comm.run(R(P.all_reduce, x.data_ptr(), 0, n, cdt, getattr(_C.RedOp, op),
+                       algorithm=algorithm, stream=stream))
             _assert_same(x, _expected(op, world, n, dt), f"{name} {dtype_name} {op} n={n}")
         gen = torch.Generator(device="cuda").manual_seed(7 + rank)
         x = torch.randn(n, generator=gen, device="cuda")
-        comm.all_reduce(x.data_ptr(), n, _C.DataType.float32, _C.RedOp.sum, stream=stream,
-                        algorithm=algorithm)
+        comm.run(R(P.all_reduce, x.data_ptr(), 0, n, _C.DataType.float32, algorithm=algorithm,
+                   stream=stream))
         everyone = torch.empty(world * n, device="cuda")
-        comm.all_gather(everyone.data_ptr(), x.data_ptr(), n, _C.DataType.float32, stream)
+        comm.run(R(P.all_gather, everyone.data_ptr(), x.data_ptr(), n, _C.DataType.float32,
+                   stream=stream))
         for r in range(world):
             _assert_bits(everyone[r * n:(r + 1) * n], x,
                          f"{name} float sum n={n}: rank {r} differs from rank {rank}")

@@ -293,7 +293,8 @@ def _replays_beside_eager(comm):
     buf, other = torch.zeros(count), torch.zeros(count)
     f32, add = _C.DataType.float32, _C.RedOp.sum
     host_gpu.begin_capture(capture)
-    core.all_reduce(buf.data_ptr(), count, f32, add, stream=capture)
+    core.run(_C.CollectiveRequest(_C.Primitive.all_reduce, buf.data_ptr(), 0, count, f32, add,
+                                  stream=capture))
     graph = host_gpu.end_capture(capture)
     assert graph, "the capture did not end"
     total, rounds = n * (n + 1) // 2, []
@@ -301,7 +302,8 @@ def _replays_beside_eager(comm):
         buf.fill_(r + 1 + round_)
         other.fill_(2.0 * (r + 1))
         host_gpu.launch_graph(graph, replaying)
-        core.all_reduce(other.data_ptr(), count, f32, add, stream=eager)
+        core.run(_C.CollectiveRequest(_C.Primitive.all_reduce, other.data_ptr(), 0, count, f32,
+                                      add, stream=eager))
         host_gpu.synchronize_stream(replaying)
         host_gpu.synchronize_stream(eager)
         rounds.append((int((buf != total + n * round_).sum()), int((other != 2 * total).sum())))

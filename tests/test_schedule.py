@@ -1,6 +1,8 @@
 """The ring schedule, checked as data: a symbolic run of every rank's plan, with messages as
 multisets of contributing ranks, proves each chunk is reduced by every rank exactly once and
-that every rank ends with what it should -- for every primitive, N = 1..64, awkward counts."""
+that every rank ends with what it should -- for every primitive, N = 1..64, awkward counts.
+What a collective should do comes from its row of the C++ table (_C.COLLECTIVES: whether it
+reduces, its root, its layout), so a new collective's plan is checked against its row."""
 from collections import Counter, deque
 
 import pytest
@@ -20,13 +22,23 @@ def plans(primitive, n, count, root, dtype=None):
 
 def initial(primitive, rank, n, root):
     """Each rank's chunks before the collective: Counter of contributions, or a tag, or None."""
-    if primitive in ("all_reduce", "reduce_scatter", "reduce"):
+    info = _C.COLLECTIVES[primitive]
+    if info["reduces"]:
         return lambda chunk: Counter({rank: 1})
-    if primitive in ("all_gather", "gather"):
+    if info["layout"] == "input_block":  # its block of what everyone ends with
         return lambda chunk: ("data", rank) if chunk in (rank, -1) else None
-    if primitive == "broadcast":
-        return lambda chunk: ("data", root) if rank == root else None
-    return lambda chunk: ("scatter", chunk) if rank == root else None  # scatter
+    if rank != root:
+        return lambda chunk: None
+    if info["layout"] == "in_place":  # the root's tensor
+        return lambda chunk: ("data", root)
+    return lambda chunk: ("block", chunk)  # output_block: the root holds every rank's block
+
+
+def keys(plan):
+    """The chunks a plan's steps name: -1 for a chain over the whole buffer (acks aside)."""
+    if any(step["chunk"] == -1 and not step["ack"] for step in plan["steps"]):
+        return {-1}
+    return set(range(len(plan["chunks"])))
 
 
 def simulate(primitive, n, count, root=0, dtype=None):
@@ -35,8 +47,7 @@ def simulate(primitive, n, count, root=0, dtype=None):
     buffers = []
     for r, plan in enumerate(all_plans):
         start = initial(primitive, r, n, root)
-        chunks = {-1} if primitive in ("broadcast", "reduce") else set(range(n))
-        buffers.append({c: start(c) for c in chunks})
+        buffers.append({c: start(c) for c in keys(plan)})
     channels = {(r, (r + 1) % n): deque() for r in range(n)}
     cursor = [0] * n
     progressed = True
@@ -79,21 +90,21 @@ def simulate(primitive, n, count, root=0, dtype=None):
     return buffers, all_plans
 
 
-def expected_final(primitive, rank, n, root):
+def expected_final(primitive, rank, n, root, chunks):
+    """What rank `rank` must hold in `chunks` afterwards, from the collective's table row."""
+    info = _C.COLLECTIVES[primitive]
     everyone = Counter(range(n))
-    if primitive == "all_reduce":
-        return {c: everyone for c in range(n)}
-    if primitive == "reduce_scatter":
-        return {rank: everyone}
-    if primitive == "all_gather":
+    # Reduce and gather deliver to their root only; a reduce leaves the others' tensors alone.
+    to_root = info["root"] is not None and (info["reduces"] or info["layout"] == "input_block")
+    if to_root and rank != root:
+        return {c: Counter({rank: 1}) for c in chunks} if info["reduces"] else {}
+    if info["layout"] == "output_block":  # this rank's block of the result
+        return {rank: everyone if info["reduces"] else ("block", rank)}
+    if info["reduces"]:
+        return {c: everyone for c in chunks}
+    if info["layout"] == "input_block":  # every rank's block
         return {c: ("data", c) for c in range(n)}
-    if primitive == "broadcast":
-        return {-1: ("data", root)}
-    if primitive == "reduce":
-        return {-1: everyone if rank == root else Counter({rank: 1})}
-    if primitive == "gather":
-        return {c: ("data", c) for c in range(n)} if rank == root else {}
-    return {rank: ("scatter", rank)}  # scatter
+    return {c: ("data", root) for c in chunks}  # in place: the root's tensor
 
 
 WORLD_SIZES = list(range(1, 17)) + [23, 31, 32, 64]
@@ -103,10 +114,27 @@ WORLD_SIZES = list(range(1, 17)) + [23, 31, 32, 64]
 @pytest.mark.parametrize("n", WORLD_SIZES)
 def test_every_rank_ends_with_the_right_chunks(primitive, n):
     for root in sorted({0, n - 1, n // 2}):
-        buffers, _ = simulate(primitive, n, count=3 * n + 1, root=root)
+        buffers, all_plans = simulate(primitive, n, count=3 * n + 1, root=root)
         for r in range(n):
-            for chunk, want in expected_final(primitive, r, n, root).items():
+            for chunk, want in expected_final(primitive, r, n, root, keys(all_plans[r])).items():
                 assert buffers[r][chunk] == want, (primitive, n, root, r, chunk)
+
+
+def test_the_table_describes_each_collective():
+    """The rows the symbolic runs above read their expectations from (a new collective's is
+    checked by those runs alone)."""
+    expected = {
+        "all_reduce": (True, None, "in_place", True),
+        "reduce_scatter": (True, None, "output_block", False),
+        "all_gather": (False, None, "input_block", False),
+        "broadcast": (False, "src", "in_place", False),
+        "reduce": (True, "dst", "in_place", False),
+        "gather": (False, "dst", "input_block", False),
+        "scatter": (False, "src", "output_block", False)}
+    for name, row in expected.items():
+        info = _C.COLLECTIVES[name]
+        assert (info["reduces"], info["root"], info["layout"], info["wire"]) == row, name
+    assert list(_C.COLLECTIVES) == PRIMITIVES
 
 
 @pytest.mark.parametrize("n", WORLD_SIZES)

@@ -1,5 +1,5 @@
-// Buffer mapping per primitive: which caller buffer holds which part of the plan's logical
-// buffer, and the local copy an out-of-place primitive needs before the ring starts.
+// The communicator's collectives: a request checked, its plan made, the caller's buffers mapped
+// onto the plan's logical buffer (per primitive: mapBuffers) and the plan run.
 #include "ringcomm/communicator.h"
 
 #include "ringcomm/error.h"
@@ -36,11 +36,6 @@ void Communicator::checkUsable() const {
   if (!failure_.empty())
     RC_THROW_AS(PeerError, "this ringcomm communicator failed earlier and cannot be used again (",
                 failure_, "); create a new one");
-}
-
-void Communicator::checkRoot(int root, const char* name) const {
-  RC_CHECK(root >= 0 && root < worldSize_, name, "=", root, " is not a rank of this ",
-           worldSize_, "-rank communicator");
 }
 
 void Communicator::prepare(Collective& c, RedOp op, DataType type, DataType wireType) {
@@ -93,111 +88,100 @@ Algorithm Communicator::resolveAlgorithm(Algorithm requested, Primitive primitiv
   return requested;
 }
 
-void Communicator::allReduce(void* data, size_t count, DataType type, RedOp op,
-                             DataType wireType, uintptr_t stream, Algorithm algorithm) {
-  checkUsable();
-  algorithm = resolveAlgorithm(algorithm, Primitive::AllReduce, count * dataTypeSize(type));
-  Collective c;
-  c.plan = makePlan({Primitive::AllReduce, rank_, worldSize_, count, 0,
-                     chunkAlignment(type, wireType), algorithm});
-  c.input = c.output = view(data, 0, count);
-  prepare(c, op, type, wireType);
-  collective(stream, [&] { execute(c); });
-}
-
-void Communicator::reduceScatter(void* output, const void* input, size_t outputCount,
-                                 DataType type, RedOp op, uintptr_t stream,
-                                 Algorithm algorithm) {
-  checkUsable();
-  algorithm = resolveAlgorithm(algorithm, Primitive::ReduceScatter,
-                               outputCount * worldSize_ * dataTypeSize(type));
-  Collective c;
-  c.plan = makePlan({Primitive::ReduceScatter, rank_, worldSize_, outputCount, 0, 1, algorithm});
-  c.input = view(input, 0, outputCount * worldSize_);
-  c.output = view(output, outputCount * rank_, outputCount);
-  prepare(c, op, type, type);
-  collective(stream, [&] {
-    if (worldSize_ == 1) reducer_->copy(output, nullptr, input, outputCount * dataTypeSize(type));
-    execute(c);
-  });
-}
-
-void Communicator::allGather(void* output, const void* input, size_t inputCount, DataType type,
-                             uintptr_t stream, Algorithm algorithm) {
-  checkUsable();
-  algorithm = resolveAlgorithm(algorithm, Primitive::AllGather,
-                               inputCount * worldSize_ * dataTypeSize(type));
-  Collective c;
-  c.plan = makePlan({Primitive::AllGather, rank_, worldSize_, inputCount, 0, 1, algorithm});
-  c.input = c.output = view(output, 0, inputCount * worldSize_);
-  prepare(c, RedOp::Sum, type, type);
-  collective(stream, [&] {
-    const size_t bytes = inputCount * dataTypeSize(type);
-    char* own = static_cast<char*>(output) + rank_ * bytes;
-    if (own != input) reducer_->copy(own, nullptr, input, bytes);
-    execute(c);
-  });
-}
-
-void Communicator::broadcast(void* data, size_t count, DataType type, int src,
-                             uintptr_t stream) {
-  checkUsable();
-  checkRoot(src, "src");
-  Collective c;
-  c.plan = makePlan({Primitive::Broadcast, rank_, worldSize_, count, src});
-  c.input = c.output = view(data, 0, count);
-  prepare(c, RedOp::Sum, type, type);
-  collective(stream, [&] { execute(c); });
-}
-
-void Communicator::reduce(void* data, size_t count, DataType type, RedOp op, int dst,
-                          uintptr_t stream) {
-  checkUsable();
-  checkRoot(dst, "dst");
-  Collective c;
-  c.plan = makePlan({Primitive::Reduce, rank_, worldSize_, count, dst});
-  c.input = c.output = view(data, 0, count);
-  prepare(c, op, type, type);
-  collective(stream, [&] { execute(c); });
-}
-
-void Communicator::gather(void* output, const void* input, size_t inputCount, DataType type,
-                          int dst, uintptr_t stream) {
-  checkUsable();
-  checkRoot(dst, "dst");
-  Collective c;
-  c.plan = makePlan({Primitive::Gather, rank_, worldSize_, inputCount, dst});
-  const size_t bytes = inputCount * dataTypeSize(type);
-  if (rank_ == dst) {
-    RC_CHECK(output != nullptr || inputCount == 0, "gather needs an output on dst rank ", dst);
-    c.input = c.output = view(output, 0, inputCount * worldSize_);
+void Communicator::checkRequest(const CollectiveRequest& r) const {
+  const PrimitiveInfo& info = primitiveInfo(r.primitive);
+  RC_CHECK(info.planned, info.name, " is not a collective request: it runs over peer links");
+  if (info.root != nullptr) {
+    RC_CHECK(r.root >= 0 && r.root < worldSize_, info.root, "=", r.root,
+             " is not a rank of this ", worldSize_, "-rank communicator");
   } else {
-    c.input = view(input, inputCount * rank_, inputCount);
+    RC_CHECK(r.root == 0, info.name, " has no root: leave root at 0, not ", r.root);
   }
-  prepare(c, RedOp::Sum, type, type);
-  collective(stream, [&] {
-    char* own = rank_ == dst ? static_cast<char*>(output) + rank_ * bytes : nullptr;
-    if (own != nullptr && own != input) reducer_->copy(own, nullptr, input, bytes);
-    execute(c);
-  });
+  RC_CHECK(info.reduces || r.op == RedOp::Sum, info.name, " does not reduce: leave op at sum, not ",
+           redOpName(r.op));
+  RC_CHECK(info.wire || !r.wireType || *r.wireType == r.type, info.name,
+           " takes no wire dtype (its messages are its data type, ", dataTypeName(r.type), ")");
+  RC_CHECK(info.layout != Layout::InPlace || r.input == nullptr || r.input == r.output, info.name,
+           " runs in place on its output: leave input unset or the same");
+  // What this rank touches: the in-place tensor; its own block (the output of reduce_scatter and
+  // scatter, the input of all_gather and gather); every rank's blocks, unless only the root
+  // has them (gather's output, scatter's input).
+  const bool whole = info.root == nullptr || r.root == rank_;
+  const bool needsOutput = info.layout != Layout::InputBlock || whole;
+  const bool needsInput =
+      info.layout == Layout::InputBlock || (info.layout == Layout::OutputBlock && whole);
+  RC_CHECK(r.count == 0 || !needsOutput || r.output != nullptr, info.name,
+           " needs an output on rank ", rank_);
+  RC_CHECK(r.count == 0 || !needsInput || r.input != nullptr, info.name, " needs an input on rank ",
+           rank_);
 }
 
-void Communicator::scatter(void* output, const void* input, size_t outputCount, DataType type,
-                           int src, uintptr_t stream) {
-  checkUsable();
-  checkRoot(src, "src");
-  Collective c;
-  c.plan = makePlan({Primitive::Scatter, rank_, worldSize_, outputCount, src});
-  c.output = view(output, outputCount * rank_, outputCount);
-  const size_t bytes = outputCount * dataTypeSize(type);
-  if (rank_ == src) {
-    RC_CHECK(input != nullptr || outputCount == 0, "scatter needs an input on src rank ", src);
-    c.input = view(input, 0, outputCount * worldSize_);
+namespace {
+
+// Which part of the plan's logical buffer the caller's buffers hold (every rank's blocks or the
+// tensor, this rank's block), and the local copy of this rank's own block an out-of-place
+// collective needs before the plan runs (no step moves it).
+struct LocalCopy {
+  void* to = nullptr;
+  const void* from = nullptr;
+  size_t bytes = 0;
+};
+
+LocalCopy mapBuffers(const CollectiveRequest& r, int rank, int worldSize, Collective& c) {
+  const size_t block = r.count, all = r.count * worldSize;
+  const size_t bytes = r.count * dataTypeSize(r.type);
+  const bool root = rank == r.root;
+  auto own = [&](const void* base) {  // this rank's block of a whole buffer
+    return static_cast<char*>(const_cast<void*>(base)) + rank * bytes;
+  };
+  switch (r.primitive) {
+    case Primitive::AllReduce:
+    case Primitive::Broadcast:
+    case Primitive::Reduce:
+      c.input = c.output = view(r.output, 0, block);
+      return {};
+    case Primitive::ReduceScatter:
+      c.input = view(r.input, 0, all);
+      c.output = view(r.output, block * rank, block);
+      // One rank: no step runs, so nothing reduces the input into the output.
+      return worldSize == 1 ? LocalCopy{r.output, r.input, bytes} : LocalCopy{};
+    case Primitive::AllGather:
+      c.input = c.output = view(r.output, 0, all);
+      return {own(r.output), r.input, bytes};
+    case Primitive::Gather:
+      if (!root) {
+        c.input = view(r.input, block * rank, block);
+        return {};
+      }
+      c.input = c.output = view(r.output, 0, all);
+      return {own(r.output), r.input, bytes};
+    case Primitive::Scatter:
+      c.output = view(r.output, block * rank, block);
+      if (!root) return {};
+      c.input = view(r.input, 0, all);
+      return {r.output, own(r.input), bytes};
+    default:
+      RC_THROW(primitiveName(r.primitive), " has no buffer mapping");
   }
-  prepare(c, RedOp::Sum, type, type);
-  collective(stream, [&] {
-    const char* own = rank_ == src ? static_cast<const char*>(input) + rank_ * bytes : nullptr;
-    if (own != nullptr && own != output) reducer_->copy(output, nullptr, own, bytes);
+}
+
+}  // namespace
+
+void Communicator::run(const CollectiveRequest& r) {
+  checkUsable();
+  checkRequest(r);
+  const DataType wireType = r.wireType.value_or(r.type);
+  const bool inPlace = primitiveInfo(r.primitive).layout == Layout::InPlace;
+  const size_t bytes = r.count * (inPlace ? 1 : worldSize_) * dataTypeSize(r.type);
+  Collective c;
+  c.plan = makePlan({r.primitive, rank_, worldSize_, r.count, r.root,
+                     chunkAlignment(r.type, wireType),
+                     resolveAlgorithm(r.algorithm, r.primitive, bytes)});
+  const LocalCopy copy = mapBuffers(r, rank_, worldSize_, c);
+  prepare(c, r.op, r.type, wireType);
+  collective(r.stream, [&] {
+    if (copy.bytes > 0 && copy.to != copy.from)
+      reducer_->copy(copy.to, nullptr, copy.from, copy.bytes);
     execute(c);
   });
 }

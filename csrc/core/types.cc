@@ -40,6 +40,12 @@ const char* primitiveName(Primitive primitive) {
   return row ? row->name : "unknown";
 }
 
+const PrimitiveInfo& primitiveInfo(Primitive primitive) {
+  const PrimitiveInfo* row = rowOf(kPrimitives, primitive);
+  RC_CHECK(row != nullptr, "unknown collective ", static_cast<int>(primitive));
+  return *row;
+}
+
 bool isFloatingPoint(DataType type) {
   const DataTypeInfo* row = rowOf(kDataTypes, type);
   return row != nullptr && row->kind == TypeClass::Floating;

@@ -2,7 +2,7 @@
 // below) and called through one table. In production the table holds the CUDA runtime's own
 // functions and NCCL's, loaded at run time with dlopen, so one build works next to whichever
 // NCCL PyTorch brought and a machine without NCCL still imports ringcomm. The CPU tests hand the
-// transport a host implementation of the same table (csrc/testing/host_gpu.h), so they drive
+// transport a host implementation of the same table (csrc/testing/cuda/host_gpu.h), so they drive
 // the transport that ships. nccl.h is used for its types only.
 #pragma once
 

@@ -1,7 +1,7 @@
 // Which NCCL group each point-to-point operation of a ring goes into. Pure bookkeeping, no CUDA:
 // NcclTransport issues what it decides. The CPU tests run every plan through the transport over
-// a host implementation of NCCL's pairing and blocking (csrc/testing/host_gpu.h), where groups
-// that did not match up would deadlock and time out.
+// a host implementation of NCCL's pairing and blocking (csrc/testing/cuda/host_gpu.h), where
+// groups that did not match up would deadlock and time out.
 // Publications (publications.h) go out as one group of their own, after the queued sends.
 //
 // The rule. Sends wait in a queue, in order. Every receive goes out in one group with the

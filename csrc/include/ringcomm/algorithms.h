@@ -31,6 +31,7 @@ struct AlgorithmInfo {
   // CommOptions' <name>_max_bytes overrides it. None: auto never picks it by size (the ring,
   // which it falls back to; auto itself).
   std::optional<size_t> autoMaxBytes;
+  const char* autoUse;  // which collectives that threshold governs, for the options table
 };
 
 // ring: schedule.h's plans, 2(N-1) steps for all_reduce, bandwidth-optimal. one_shot: every rank
@@ -46,10 +47,12 @@ inline constexpr uint32_t kOneHopPrimitives = primitiveBit(Primitive::AllReduce)
                                               primitiveBit(Primitive::ReduceScatter) |
                                               primitiveBit(Primitive::AllGather);
 inline constexpr AlgorithmInfo kAlgorithms[] = {
-    {Algorithm::Ring, "ring", plannedPrimitives(), false, std::nullopt},
-    {Algorithm::OneShot, "one_shot", kOneHopPrimitives, true, 8 * 1024},
-    {Algorithm::TwoShot, "two_shot", primitiveBit(Primitive::AllReduce), true, 0},
-    {Algorithm::Auto, "auto", plannedPrimitives(), false, std::nullopt},
+    {Algorithm::Ring, "ring", plannedPrimitives(), false, std::nullopt, nullptr},
+    {Algorithm::OneShot, "one_shot", kOneHopPrimitives, true, 8 * 1024, "all_reduce"},
+    {Algorithm::TwoShot, "two_shot", primitiveBit(Primitive::AllReduce), true, 0,
+     "all_reduce on 3 ranks or more; reduce_scatter and all_gather run one_shot, two_shot's "
+     "halves, up to it"},
+    {Algorithm::Auto, "auto", plannedPrimitives(), false, std::nullopt, nullptr},
 };
 static_assert(inEnumOrder(kAlgorithms, [](const AlgorithmInfo& r) { return r.algorithm; }));
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,31 @@ namespace ringcomm {
 struct CommunicatorOptions {
   size_t sliceBytes = 256 * 1024;
   AlgorithmThresholds thresholds;  // what Auto picks (algorithms.h)
+};
+
+// One collective call, as NCCL's ncclInfo: what Communicator::run takes for every collective
+// (kPrimitives' planned rows). Addresses are raw device or host addresses; `count` counts
+// elements of `type` in the buffer kPrimitives' layout names: the tensor an in-place collective
+// works on, else this rank's block. Fields a collective does not use keep their defaults.
+struct CollectiveRequest {
+  Primitive primitive = Primitive::AllReduce;
+  // In place (all_reduce, broadcast, reduce): the tensor is `output`, `input` null or the same.
+  // Rooted gather and scatter use their whole-buffer side on the root only.
+  void* output = nullptr;
+  const void* input = nullptr;
+  size_t count = 0;
+  DataType type = DataType::Float32;
+  RedOp op = RedOp::Sum;  // collectives that reduce
+  int root = 0;           // rooted collectives: src (broadcast, scatter) or dst (reduce, gather)
+  // Ring, OneShot, TwoShot (kAlgorithms says which collectives each plans) or Auto
+  // (chooseAlgorithm with the options' thresholds). Every rank must pass the same.
+  Algorithm algorithm = Algorithm::Ring;
+  // What travels between ranks, where kPrimitives allows a wire (all_reduce): float16 or
+  // bfloat16 under float32 data halves the bytes while every hop still adds in float32.
+  std::optional<DataType> wireType;
+  // On a device transport the caller's cudaStream_t as an integer: the collective is ordered on
+  // it and the host does not wait. Host transports ignore it.
+  uintptr_t stream = 0;
 };
 
 class Communicator {
@@ -39,35 +65,13 @@ class Communicator {
   void resetTraffic();
   const std::string& failure() const { return failure_; }
 
-  // Pointers are raw device or host addresses; counts are elements of `type`.
-  // Every collective ends with `stream`: on a device transport the caller's cudaStream_t as an
-  // integer (the collective is ordered on it and the host does not wait); host transports
-  // ignore it. A new collective follows the same pattern: check its arguments (a bad argument
-  // leaves the communicator usable), fill a Collective with prepare(), then run its body inside
-  // collective(stream, ...), which brackets it with Transport::begin/end and poisons the
-  // communicator if the body fails.
-  // `wireType` is what travels between ranks: float16 or bfloat16 under float32 data halves the
-  // bytes while every hop still adds in float32.
-  // `algorithm` (all_reduce, reduce_scatter, all_gather): Ring, OneShot, TwoShot (kAlgorithms
-  // says which collectives each plans) or Auto (chooseAlgorithm with the options' thresholds).
-  // Every rank must pass the same.
-  void allReduce(void* data, size_t count, DataType type, RedOp op, DataType wireType,
-                 uintptr_t stream = 0, Algorithm algorithm = Algorithm::Ring);
-  void reduceScatter(void* output, const void* input, size_t outputCount, DataType type,
-                     RedOp op, uintptr_t stream = 0, Algorithm algorithm = Algorithm::Ring);
-  void allGather(void* output, const void* input, size_t inputCount, DataType type,
-                 uintptr_t stream = 0, Algorithm algorithm = Algorithm::Ring);
+  // Runs one collective. A bad request raises before anything is sent and leaves the
+  // communicator usable; a failure while running poisons it (peers may be mid-step).
+  void run(const CollectiveRequest& request);
   // The algorithm a collective of `bytes` (see chooseAlgorithm) runs with when `requested`:
   // depends only on what every rank shares, so all ranks agree. Raises (before anything is
   // sent) for an algorithm that does not plan the collective or cannot run on the transport.
   Algorithm resolveAlgorithm(Algorithm requested, Primitive primitive, size_t bytes) const;
-  void broadcast(void* data, size_t count, DataType type, int src, uintptr_t stream = 0);
-  void reduce(void* data, size_t count, DataType type, RedOp op, int dst, uintptr_t stream = 0);
-  // `output` is used on dst only; `input` on src only (may be null elsewhere).
-  void gather(void* output, const void* input, size_t inputCount, DataType type, int dst,
-              uintptr_t stream = 0);
-  void scatter(void* output, const void* input, size_t outputCount, DataType type, int src,
-               uintptr_t stream = 0);
 
   // Point-to-point and all-to-all (csrc/core/point_to_point.cc) run over `links`, a transport
   // that reaches every rank (the ring's reaches only its neighbours). Messages of one pair of
@@ -90,7 +94,8 @@ class Communicator {
 
  private:
   void checkUsable() const;
-  void checkRoot(int root, const char* name) const;
+  // Raises, naming the field, for a request no rank of this communicator can run.
+  void checkRequest(const CollectiveRequest& request) const;
   // Checks op and types, and fills the collective's spec and sequence number.
   void prepare(Collective& collective, RedOp op, DataType type, DataType wireType);
   // begin(stream), body, end(); on failure records it and aborts the transport.

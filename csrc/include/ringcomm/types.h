@@ -65,10 +65,20 @@ struct RedOpInfo {
   bool floating, integer, boolean;
 };
 
+// What a collective's `count` counts (CollectiveRequest, communicator.h): the one tensor it
+// works on in place; this rank's block of the output, whose input holds every rank's block
+// (reduce_scatter, scatter); or this rank's block of the input, whose output holds every rank's
+// (all_gather, gather). Point-to-point calls count what goes to each peer.
+enum class Layout { InPlace, OutputBlock, InputBlock, PerPeer };
+
 struct PrimitiveInfo {
   Primitive primitive;
   const char* name;  // as in torch.distributed
   bool planned;      // makePlan has a schedule for it (the rest are point-to-point)
+  bool reduces;      // takes an op
+  const char* root;  // the root rank's role as torch names the argument ("src", "dst"), or null
+  Layout layout;
+  bool wire;         // float32 data may travel on a 16-bit wire
 };
 
 // A set of primitives, as bits.
@@ -105,11 +115,16 @@ inline constexpr RedOpInfo kRedOps[] = {
 };
 
 inline constexpr PrimitiveInfo kPrimitives[] = {
-    {Primitive::AllReduce, "all_reduce", true},   {Primitive::ReduceScatter, "reduce_scatter", true},
-    {Primitive::AllGather, "all_gather", true},   {Primitive::Broadcast, "broadcast", true},
-    {Primitive::Reduce, "reduce", true},          {Primitive::Gather, "gather", true},
-    {Primitive::Scatter, "scatter", true},        {Primitive::AllToAll, "all_to_all", false},
-    {Primitive::SendRecv, "send_recv", false},
+    // primitive, name, planned, reduces, root, layout, wire
+    {Primitive::AllReduce, "all_reduce", true, true, nullptr, Layout::InPlace, true},
+    {Primitive::ReduceScatter, "reduce_scatter", true, true, nullptr, Layout::OutputBlock, false},
+    {Primitive::AllGather, "all_gather", true, false, nullptr, Layout::InputBlock, false},
+    {Primitive::Broadcast, "broadcast", true, false, "src", Layout::InPlace, false},
+    {Primitive::Reduce, "reduce", true, true, "dst", Layout::InPlace, false},
+    {Primitive::Gather, "gather", true, false, "dst", Layout::InputBlock, false},
+    {Primitive::Scatter, "scatter", true, false, "src", Layout::OutputBlock, false},
+    {Primitive::AllToAll, "all_to_all", false, false, nullptr, Layout::PerPeer, false},
+    {Primitive::SendRecv, "send_recv", false, false, nullptr, Layout::PerPeer, false},
 };
 
 // The collectives every ring plans (kPrimitives' planned rows).
@@ -134,6 +149,8 @@ size_t dataTypeSize(DataType type);
 const char* dataTypeName(DataType type);
 const char* redOpName(RedOp op);
 const char* primitiveName(Primitive primitive);
+// The primitive's row; raises for a value outside the enum.
+const PrimitiveInfo& primitiveInfo(Primitive primitive);
 
 bool isFloatingPoint(DataType type);
 

@@ -1,5 +1,5 @@
 // The host implementation of GpuApi described in host_gpu.h.
-#include "testing/host_gpu.h"
+#include "testing/cuda/host_gpu.h"
 
 #include <algorithm>
 #include <atomic>

@@ -11,7 +11,7 @@
 #include "cpu/cpu_reducer.h"
 #include "cuda/nccl_transport.h"
 #include "ringcomm/error.h"
-#include "testing/host_gpu.h"
+#include "testing/cuda/host_gpu.h"
 
 namespace py = pybind11;
 
