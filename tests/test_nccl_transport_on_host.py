@@ -126,7 +126,9 @@ def test_a_peer_that_dies_mid_collective_gives_a_timeout():
         start = time.monotonic()
         results = run_ranks(2, _all_reduces, timeout=TIMEOUT)
         elapsed = time.monotonic() - start
-    _assert_timed_out(results[0], "rank 0 of 2")
+    # The collective that was still running, and the peers of the rank.
+    _assert_timed_out(results[0], "all_reduce #", "did not finish within", "rank 0 of 2",
+                      "receives from rank 1")
     assert elapsed < 3 * TIMEOUT + 5, elapsed
     assert host_gpu.violations() == []
 
@@ -145,7 +147,7 @@ def test_a_skipped_collective_gives_a_timeout_naming_the_collective():
 
     with host_nccl_backend(slice_bytes=1024, slots=4, timeout=TIMEOUT):
         results = run_ranks(2, skipping, timeout=TIMEOUT)
-    _assert_timed_out(results[0], "did not finish within", "rank 0 of 2")
+    _assert_timed_out(results[0], "all_reduce #1 did not finish within", "rank 0 of 2")
     assert results[1] == "done"
     assert host_gpu.violations() == []
 

@@ -46,14 +46,15 @@ void Communicator::prepare(Collective& c, RedOp op, DataType type, DataType wire
   c.sequence = sequence_++;
 }
 
-void Communicator::collective(uintptr_t stream, const std::function<void()>& body) {
-  bracket(*transport_, stream, body);
+void Communicator::collective(uintptr_t stream, const CallName& call,
+                              const std::function<void()>& body) {
+  bracket(*transport_, stream, call, body);
 }
 
-void Communicator::bracket(Transport& transport, uintptr_t stream,
+void Communicator::bracket(Transport& transport, uintptr_t stream, const CallName& call,
                            const std::function<void()>& body) {
   try {
-    transport.begin(stream);
+    transport.begin(stream, call);
     body();
     transport.end();
   } catch (const Error& e) {
@@ -179,7 +180,7 @@ void Communicator::run(const CollectiveRequest& r) {
                      resolveAlgorithm(r.algorithm, r.primitive, bytes)});
   const LocalCopy copy = mapBuffers(r, rank_, worldSize_, c);
   prepare(c, r.op, r.type, wireType);
-  collective(r.stream, [&] {
+  collective(r.stream, CallName{primitiveName(r.primitive), c.sequence, true}, [&] {
     if (copy.bytes > 0 && copy.to != copy.from)
       reducer_->copy(copy.to, nullptr, copy.from, copy.bytes);
     execute(c);

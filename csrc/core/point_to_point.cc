@@ -83,8 +83,9 @@ void Communicator::failed(const std::string& why) {
   if (transport_) transport_->abort(failure_);
 }
 
-void Communicator::overLinks(uintptr_t stream, const std::function<void()>& body) {
-  bracket(peerLinks(), stream, body);
+void Communicator::overLinks(uintptr_t stream, const CallName& call,
+                             const std::function<void()>& body) {
+  bracket(peerLinks(), stream, call, body);
 }
 
 void Communicator::exchange(PairMessage* out, PairMessage* in) {
@@ -118,7 +119,7 @@ void Communicator::send(const void* data, size_t count, DataType type, int peer,
   Transport& links = peerLinks();
   PairMessage out{peer, static_cast<char*>(const_cast<void*>(data)), count, type,
                   Primitive::SendRecv, tag, sent_[peer]++, pieceElems(links, count, type)};
-  overLinks(stream, [&] { exchange(&out, nullptr); });
+  overLinks(stream, CallName{"send"}, [&] { exchange(&out, nullptr); });
 }
 
 void Communicator::recv(void* data, size_t count, DataType type, int peer, int tag,
@@ -128,7 +129,7 @@ void Communicator::recv(void* data, size_t count, DataType type, int peer, int t
   Transport& links = peerLinks();
   PairMessage in{peer, static_cast<char*>(data), count, type, Primitive::SendRecv, tag,
                  received_[peer]++, pieceElems(links, count, type)};
-  overLinks(stream, [&] { exchange(nullptr, &in); });
+  overLinks(stream, CallName{"recv"}, [&] { exchange(nullptr, &in); });
 }
 
 void Communicator::allToAll(void* output, const void* input, const std::vector<size_t>& sendCounts,
@@ -160,11 +161,11 @@ void Communicator::allToAll(void* output, const void* input, const std::vector<s
   };
   if (n == 1) {
     checkUsable();
-    collective(stream, copyOwnBlock);  // on the ring's transport: no peer links needed
+    collective(stream, CallName{"all_to_all"}, copyOwnBlock);  // the ring's transport: no links
     return;
   }
   Transport& links = peerLinks();
-  overLinks(stream, [&] {
+  overLinks(stream, CallName{"all_to_all"}, [&] {
     copyOwnBlock();
     // Step k: send to rank + k while receiving from rank - k, so every rank is busy with one
     // sender and one receiver at a time.

@@ -143,7 +143,7 @@ void publicationRound(CudaRing& ring, int rank, uintptr_t stream,
     return e;
   };
   try {
-    transport.begin(stream);
+    transport.begin(stream, CallName{"publication round"});
     for (size_t phase = 0; phase < sources.size(); ++phase) {
       const int p = static_cast<int>(phase);
       void* own = transport.acquirePublish(p, bytesPerRank[rank]);

@@ -18,6 +18,11 @@ Clock::duration seconds(double s) {
 }
 
 constexpr auto kWatchdogPeriod = std::chrono::milliseconds(50);
+
+// "all_reduce #3", "send".
+std::string describe(const CallName& call) {
+  return call.numbered ? detail::concat(call.name, " #", call.sequence) : call.name;
+}
 constexpr double kFinalizeSeconds = 30.0;  // a vanished peer must not hold up close()
 
 // Waits between polls of a call in progress: a group is usually enqueued within microseconds,
@@ -258,8 +263,9 @@ void NcclTransport::watch() {
     if (stopping_ || aborted_ || pollInflightLocked() || aborted_) continue;
     if (Clock::now() > inflight_.front().since + seconds(options_.timeoutSeconds)) {
       timedOut_ = true;
-      abortLocked(detail::concat("a collective did not finish within ", options_.timeoutSeconds,
-                                 " s", where(), ": is every rank calling the same collectives?"));
+      abortLocked(detail::concat(describe(inflight_.front().call), " did not finish within ",
+                                 options_.timeoutSeconds, " s", where(),
+                                 ": is every rank calling the same collectives?"));
       continue;
     }
     ncclResult_t state = ncclSuccess;
@@ -289,7 +295,8 @@ void NcclTransport::synchronize(double timeoutSeconds) {
     if (Clock::now() >= deadline) {
       std::lock_guard<std::mutex> lock(mutex_);
       timedOut_ = true;
-      abortLocked(detail::concat("a collective did not finish within ", limit, " s", where(),
+      const std::string call = inflight_.empty() ? "a collective" : describe(inflight_.front().call);
+      abortLocked(detail::concat(call, " did not finish within ", limit, " s", where(),
                                  ": is every rank calling the same collectives?"));
       throwAborted();
     }

@@ -27,8 +27,9 @@ bool overlaps(const void* a, size_t aBytes, const void* b, size_t bBytes) {
 
 #define RC_GPU(call) check(api_->call, #call)
 
-void NcclTransport::begin(uintptr_t stream) {
+void NcclTransport::begin(uintptr_t stream, const CallName& call) {
   checkUsable();
+  call_ = call;
   RC_GPU(cudaGetDevice(&callerDevice_));
   if (callerDevice_ != options_.device) RC_GPU(cudaSetDevice(options_.device));
   inCollective_ = true;
@@ -268,10 +269,11 @@ void NcclTransport::end() {
       // Entries hold consecutive events of the ring, so the one after the newest is free.
       const int event = static_cast<int>(inflightRecorded_++ % inflightEvents_.size());
       RC_GPU(cudaEventRecord(inflightEvents_[event], compute_));
-      inflight_.push_back(Inflight{event, Clock::now()});
+      inflight_.push_back(Inflight{event, call_, Clock::now()});
     } else {
       // Many collectives queued: the newest entry now stands for this one too.
       RC_GPU(cudaEventRecord(inflightEvents_[inflight_.back().event], compute_));
+      inflight_.back().call = call_;
     }
   }
   inCollective_ = false;

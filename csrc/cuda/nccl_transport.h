@@ -82,7 +82,7 @@ class NcclTransport : public Transport {
   void expectPublished(int phase, const std::vector<size_t>& bytesPerRank) override {
     publications_.expect(phase, bytesPerRank);
   }
-  void begin(uintptr_t stream) override;
+  void begin(uintptr_t stream, const CallName& call) override;
   void end() override;
 
   // Whether every collective enqueued outside graph capture has finished; raises on an NCCL
@@ -143,6 +143,7 @@ class NcclTransport : public Transport {
 
   cudaStream_t compute_ = nullptr, commStream_ = nullptr, caller_ = nullptr;
   int callerDevice_ = -1;
+  CallName call_;  // the call between begin() and end()
   bool inCollective_ = false;  // between begin() and end()
   bool capturing_ = false;
   cudaEvent_t callerReady_ = nullptr, computeAll_ = nullptr, commAll_ = nullptr, done_ = nullptr;
@@ -166,6 +167,7 @@ class NcclTransport : public Transport {
   // the one before it finished.
   struct Inflight {
     int event;  // in inflightEvents_, recorded on compute at end()
+    CallName call;
     std::chrono::steady_clock::time_point since;
   };
   static constexpr size_t kInflightEvents = 64;

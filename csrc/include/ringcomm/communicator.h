@@ -98,15 +98,17 @@ class Communicator {
   void checkRequest(const CollectiveRequest& request) const;
   // Checks op and types, and fills the collective's spec and sequence number.
   void prepare(Collective& collective, RedOp op, DataType type, DataType wireType);
-  // begin(stream), body, end(); on failure records it and aborts the transport.
-  void collective(uintptr_t stream, const std::function<void()>& body);
-  // begin(stream), body, end() on `transport`; on failure records it and aborts every transport.
-  void bracket(Transport& transport, uintptr_t stream, const std::function<void()>& body);
+  // begin(stream, call), body, end(); on failure records it and aborts the transport.
+  void collective(uintptr_t stream, const CallName& call, const std::function<void()>& body);
+  // begin(stream, call), body, end() on `transport`; on failure records it and aborts every
+  // transport.
+  void bracket(Transport& transport, uintptr_t stream, const CallName& call,
+               const std::function<void()>& body);
   // Runs the plan (inside collective()).
   void execute(const Collective& collective);
   Transport& peerLinks();
-  // begin(stream), body, end() on the peer links; on failure aborts every transport.
-  void overLinks(uintptr_t stream, const std::function<void()>& body);
+  // begin(stream, call), body, end() on the peer links; on failure aborts every transport.
+  void overLinks(uintptr_t stream, const CallName& call, const std::function<void()>& body);
   // One pair's message, in slot-sized pieces; `other` sends or receives at the same time
   // (all-to-all), interleaved piece by piece so that neither side waits for the other's end.
   struct PairMessage;

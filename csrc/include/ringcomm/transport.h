@@ -56,6 +56,14 @@ struct TrafficStats {
   TrafficStats& operator+=(const TrafficStats& other);
 };
 
+// What a bracketed call is, for messages: "all_reduce" and its sequence number ("all_reduce #3"),
+// or a point-to-point call's name ("send"). `name` is a string literal.
+struct CallName {
+  const char* name = "a call";
+  uint64_t sequence = 0;
+  bool numbered = false;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -91,9 +99,10 @@ class Transport {
 
   // Brackets one collective. `stream` is the caller's queue of device work (a cudaStream_t as an
   // integer; host transports ignore it): the collective runs after the work queued there, and
-  // work queued there later sees its result. end() follows a collective that succeeded; after a
-  // failure the communicator calls abort() instead.
-  virtual void begin(uintptr_t stream) { (void)stream; }
+  // work queued there later sees its result. `call` names it, for errors raised after begin()
+  // returned (a device collective still running past the timeout). end() follows a collective
+  // that succeeded; after a failure the communicator calls abort() instead.
+  virtual void begin(uintptr_t stream, const CallName& call) { (void)stream, (void)call; }
   virtual void end() {}
 
   // Copy-only steps without staging: a transport that can send from and receive into the

@@ -72,7 +72,8 @@ void runPublications(NcclTransport& transport, int rank, const py::list& program
     return e;
   };
   try {
-    transport.begin(0);
+    const CallName name{"publications"};
+    transport.begin(0, name);
     for (const Call& c : calls) {
       if (c.kind == "publish") {
         transport.acquirePublish(c.phase, c.bytes);
@@ -83,7 +84,7 @@ void runPublications(NcclTransport& transport, int rank, const py::list& program
         transport.acquirePublished(c.peer, c.phase, envelope(c.peer, c.bytes));
       } else {
         transport.end();
-        transport.begin(0);
+        transport.begin(0, name);
       }
     }
     transport.end();
