@@ -65,7 +65,8 @@ def _rank(rank, world, store_path, sizes_mib, iters, warmup, slices, out_path):
         x = torch.full((n,), float(rank + 1), device="cuda")
 
         def ours():
-            comm.all_reduce(x.data_ptr(), n, _C.DataType.float32, _C.RedOp.sum, stream=stream)
+            comm.run(_C.Primitive.all_reduce, x.data_ptr(), 0, n, _C.DataType.float32,
+                     _C.RedOp.sum, 0, _C.Algorithm.ring, None, stream)
 
         def theirs():
             dist.all_reduce(x)

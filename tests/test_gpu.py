@@ -498,8 +498,8 @@ def _stream_semantics(comm, ring, rank, world, store):
         torch.cuda.synchronize()
         with torch.cuda.stream(replaying):
             g.replay()
-        comm.all_reduce(other.data_ptr(), n, _C.DataType.float32, _C.RedOp.sum,
-                        stream=eager.cuda_stream)
+        comm.run(R(P.all_reduce, other.data_ptr(), 0, n, _C.DataType.float32, _C.RedOp.sum,
+                   stream=eager.cuda_stream))
         torch.cuda.synchronize()
         assert torch.all(buf == total + world * round_), f"replay beside eager, round {round_}"
         assert torch.all(other == 2 * total), f"eager beside a replay, round {round_}"

@@ -104,17 +104,25 @@ def test_shared_gpu_env_asks_the_nccl_ringcomm_loads():
     assert set(env) - {"NCCL_MAX_CTAS"} == expected
 
 
-def test_the_nccl_library_option_is_the_only_place_looked_at():
+def test_the_nccl_library_option_is_the_only_place_looked_at(tmp_path):
     """RINGCOMM_NCCL_LIBRARY (the nccl_library option) names NCCL's library: a wrong one is an
     error naming it, never a silent fall-back to another NCCL."""
+    import os
     import subprocess
     import sys
+    from pathlib import Path
+
+    import ringcomm
 
     if not _C.build_info()["cuda"]:
         pytest.skip("ringcomm was built without CUDA (no nvcc at build time)")
     probe = ("from ringcomm import _C, cuda_backend\n"
              "_C.nccl_library(**cuda_backend.nccl_search())")
+    # A fresh process (NCCL is loaded once per process), importing this ringcomm.
+    path = os.pathsep.join(filter(None, [str(Path(ringcomm.__file__).parent.parent),
+                                         os.environ.get("PYTHONPATH")]))
     run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                         env={**__import__("os").environ, "RINGCOMM_NCCL_LIBRARY": "/no/such/nccl"})
+                         cwd=tmp_path, env={**os.environ, "PYTHONPATH": path,
+                                            "RINGCOMM_NCCL_LIBRARY": "/no/such/nccl"})
     assert run.returncode != 0
     assert "nccl_library=/no/such/nccl could not be used as NCCL" in run.stderr
