@@ -278,3 +278,33 @@ def non_finite(rank, n):
 
 def test_non_finite_check_names_rank_and_index_on_every_rank():
     launch(3, non_finite, timeout=60)
+
+
+def test_names_left_by_a_killed_process_are_removed():
+    """A process killed during set-up leaves its segments' names in /dev/shm; the next process
+    that creates one removes those whose creator is gone and which are older than a minute,
+    never a live process's, nor a young one (it may be another PID namespace's)."""
+    import os
+    import subprocess
+    import time
+
+    from ringcomm import _C
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    names = {"old_dead": f"ringcomm-{dead.pid}-r0-0-test",
+             "young_dead": f"ringcomm-{dead.pid}-r0-1-test",
+             "old_alive": f"ringcomm-{os.getpid()}-r0-2-test"}
+    for key, name in names.items():
+        with open(f"/dev/shm/{name}", "wb") as f:
+            f.write(b"x")
+        if key.startswith("old"):
+            os.utime(f"/dev/shm/{name}", (time.time() - 3600, time.time() - 3600))
+    try:
+        assert _C.testing.remove_stale_segments(min_age_seconds=60) >= 1
+        left = {key for key, name in names.items() if os.path.exists(f"/dev/shm/{name}")}
+        assert left == {"young_dead", "old_alive"}
+    finally:
+        for name in names.values():
+            if os.path.exists(f"/dev/shm/{name}"):
+                os.unlink(f"/dev/shm/{name}")

@@ -1,13 +1,18 @@
 #include "cpu/shm_segment.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
+#include <mutex>
 #include <random>
 #include <utility>
 
@@ -16,18 +21,43 @@
 namespace ringcomm {
 namespace {
 
+constexpr char kPrefix[] = "ringcomm-";
+
 // Unique across processes and across segments of one process: a killed process leaves its
 // names behind, and O_EXCL must not meet them.
 std::string uniqueName(int ownerRank) {
   static std::atomic<uint32_t> counter{0};
   std::random_device random;
-  return detail::concat("/ringcomm-", getpid(), "-r", ownerRank, "-", counter++, "-", std::hex,
+  return detail::concat("/", kPrefix, getpid(), "-r", ownerRank, "-", counter++, "-", std::hex,
                         random());
 }
 
 }  // namespace
 
+size_t ShmSegment::removeStale(const std::string& folder, double minAgeSeconds) {
+  DIR* dir = opendir(folder.c_str());
+  if (dir == nullptr) return 0;
+  size_t removed = 0;
+  const time_t now = time(nullptr);
+  while (const dirent* entry = readdir(dir)) {
+    const std::string name = entry->d_name;
+    if (name.compare(0, sizeof(kPrefix) - 1, kPrefix) != 0) continue;
+    char* end = nullptr;
+    const long pid = std::strtol(name.c_str() + sizeof(kPrefix) - 1, &end, 10);
+    if (pid <= 0 || end == nullptr || *end != '-') continue;  // not one of uniqueName's
+    if (kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // its creator lives
+    struct stat st {};
+    if (stat((folder + "/" + name).c_str(), &st) != 0) continue;
+    if (difftime(now, st.st_mtime) < minAgeSeconds) continue;  // maybe another PID namespace's
+    if (shm_unlink(("/" + name).c_str()) == 0) ++removed;
+  }
+  closedir(dir);
+  return removed;
+}
+
 ShmSegment ShmSegment::create(size_t bytes, int ownerRank) {
+  static std::once_flag reaped;
+  std::call_once(reaped, [] { removeStale(); });
   ShmSegment segment;
   segment.name_ = uniqueName(ownerRank);
   segment.owner_ = true;

@@ -26,6 +26,11 @@ class ShmSegment {
   // Removes the name from /dev/shm if still there (ENOENT when a peer already did: fine).
   void unlinkName() const;
 
+  // Unlinks ringcomm's names in `folder` whose creating process is gone and which are older
+  // than `minAgeSeconds`: what a process killed during set-up (before every rank had mapped its
+  // segments) left behind. Returns how many it removed. create() runs it once per process.
+  static size_t removeStale(const std::string& folder = "/dev/shm", double minAgeSeconds = 60);
+
  private:
   std::string name_;
   void* memory_ = nullptr;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cpu/cpu_reducer.h"
+#include "cpu/shm_segment.h"
 #include "cpu/shm_wait.h"
 #include "ringcomm/communicator.h"
 #include "ringcomm/error.h"
@@ -52,6 +53,8 @@ void bindTesting(py::module_& m) {
       },
       py::arg("micros"));
   testing.def("yields_are_slow", &yieldsAreSlow);
+  testing.def("remove_stale_segments", &ShmSegment::removeStale, py::arg("folder") = "/dev/shm",
+              py::arg("min_age_seconds") = 60.0);
   testing.def("reset_yield_gate", &resetYieldGate);
 }
 
