@@ -257,13 +257,15 @@ void NcclTransport::end() {
   flush();
   RC_GPU(cudaEventRecord(commAll_, commStream_));
   RC_GPU(cudaStreamWaitEvent(compute_, commAll_, 0));
-  RC_GPU(cudaEventRecord(done_, compute_));
-  RC_GPU(cudaStreamWaitEvent(caller_, done_, 0));
   if (capturing_) {
-    // At each replay the graph moves the timeline on (see begin).
+    // The caller's stream joins the capture's streams back (an event of the capture), then at
+    // each replay moves the timeline on (an external record; see begin).
+    RC_GPU(cudaEventRecord(done_, compute_));
+    RC_GPU(cudaStreamWaitEvent(caller_, done_, 0));
     RC_GPU(cudaEventRecordWithFlags(timeline_, caller_, cudaEventRecordExternal));
   } else {
     RC_GPU(cudaEventRecord(timeline_, compute_));
+    RC_GPU(cudaStreamWaitEvent(caller_, timeline_, 0));
     std::lock_guard<std::mutex> lock(mutex_);
     if (inflight_.size() < inflightEvents_.size()) {
       // Entries hold consecutive events of the ring, so the one after the newest is free.

@@ -148,6 +148,7 @@ class NcclTransport : public Transport {
   bool capturing_ = false;
   cudaEvent_t callerReady_ = nullptr, computeAll_ = nullptr, commAll_ = nullptr, done_ = nullptr;
   cudaEvent_t timeline_ = nullptr;  // the end of the latest collective launched, eager or replayed
+  // (done_: the end of a captured one, inside its graph)
   std::vector<cudaEvent_t> sendReady_;  // per queued send (ring of 2 x slots): its data is written
   std::vector<cudaEvent_t> sendFree_;   // per send slot: the group that sent it finished
   std::vector<cudaEvent_t> recvReady_;  // per receive slot: the group that filled it finished
