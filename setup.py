@@ -96,7 +96,7 @@ class BuildWithCuda(build_ext):
             self.force = True
         cuda = getattr(ext, "cuda", None)
         if cuda:
-            objects = self.compile_cuda(cuda)
+            objects = self.compile_cuda(cuda) + self.compile_kernels_on_host(ext)
             ext.extra_objects += objects
             ext.depends += objects
         super().build_extension(ext)
@@ -124,6 +124,33 @@ class BuildWithCuda(build_ext):
 
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
             return list(pool.map(run, jobs))
+
+
+    def compile_kernels_on_host(self, ext):
+        """The kernels' sources compiled again by the host compiler, for the CPU tests: their
+        grids run on the CPU (csrc/testing/cuda/kernels_on_host.h), under symbols of their own."""
+        out_dir = Path(self.build_temp) / "kernels_on_host"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        compiler = (getattr(self.compiler, "compiler_cxx", None) or self.compiler.compiler_so)[:1]
+        flags = ["-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", "-Wno-unknown-pragmas",
+                 "-x", "c++", "-include", "testing/cuda/kernels_on_host.h"]
+        flags += [f"-I{folder}" for folder in ext.include_dirs]
+        jobs = [(src, str(out_dir / (Path(src).name + ".o"))) for src in kernel_sources()]
+
+        def run(job):
+            src, obj = job
+            print(f"host build of {Path(src).name}", flush=True)
+            subprocess.check_call([*compiler, *flags, "-c", src, "-o", obj])
+            return obj
+
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            return list(pool.map(run, jobs))
+
+
+def kernel_sources():
+    """The CUDA kernels and the reducer that launches them: what the CPU tests also build for
+    the host (the inline namespace of csrc/cuda/kernel_build.h)."""
+    return sorted(glob.glob(str(CSRC / "cuda" / "*.cu"))) + [str(CSRC / "cuda" / "cuda_reducer.cc")]
 
 
 def make_extension():
@@ -158,6 +185,7 @@ def make_extension():
             ("RINGCOMM_WITH_CUDA", "1"),
             ("RINGCOMM_CUDA_ARCHS", '"' + ",".join(f"sm_{a}" for a in archs) + '"'),
             ("RINGCOMM_NCCL_HEADER_VERSION", '"' + nccl_header_version(nccl_include) + '"'),
+            ("RINGCOMM_CUDA_INCLUDE", '"' + str(cuda_home / "include") + '"'),
         ]
         ext.cuda = {"nvcc": cuda_home / "bin" / "nvcc", "archs": archs, "nccl_include": nccl_include}
     return ext

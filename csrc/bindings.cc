@@ -153,10 +153,12 @@ py::dict buildInfo() {
   info["cuda"] = true;
   info["cuda_archs_csv"] = RINGCOMM_CUDA_ARCHS;
   info["nccl_version"] = RINGCOMM_NCCL_HEADER_VERSION;
+  info["cuda_include"] = RINGCOMM_CUDA_INCLUDE;  // the toolkit's headers it was built with
 #else
   info["cuda"] = false;
   info["cuda_archs_csv"] = "";
   info["nccl_version"] = py::none();
+  info["cuda_include"] = py::none();
 #endif
   return info;
 }

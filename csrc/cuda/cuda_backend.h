@@ -18,7 +18,9 @@ class module_;
 namespace ringcomm {
 
 class NcclTransport;
+inline namespace RC_KERNEL_BUILD {  // kernel_build.h (through reduce_kernels.h)
 class CudaReducer;
+}
 class Reducer;
 class Transport;
 

@@ -1,5 +1,4 @@
-// RC_CUDA_CHECK and a device guard: every CUDA runtime call is checked, and code that must run
-// on a communicator's device restores the caller's current device afterwards.
+// RC_CUDA_CHECK: every CUDA runtime call is checked.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -15,25 +14,3 @@
                cudaGetErrorString(rc_cuda_status_), ")");                                    \
     }                                                                                        \
   } while (0)
-
-namespace ringcomm {
-
-// Makes `device` current for the guard's lifetime (the caller's thread may be on another one).
-class CudaDeviceGuard {
- public:
-  explicit CudaDeviceGuard(int device) {
-    RC_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) RC_CUDA_CHECK(cudaSetDevice(device));
-  }
-  ~CudaDeviceGuard() {
-    int current = -1;
-    if (cudaGetDevice(&current) == cudaSuccess && current != previous_) cudaSetDevice(previous_);
-  }
-  CudaDeviceGuard(const CudaDeviceGuard&) = delete;
-  CudaDeviceGuard& operator=(const CudaDeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-};
-
-}  // namespace ringcomm

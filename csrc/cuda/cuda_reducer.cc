@@ -5,6 +5,7 @@
 #include "cuda/reduce_kernels.h"
 
 namespace ringcomm {
+inline namespace RC_KERNEL_BUILD {  // kernel_build.h
 
 void CudaReducer::reduce(void* out0, void* out1, const void* a, const void* b, size_t n,
                          const ReduceSpec& spec, bool finalize) {
@@ -20,7 +21,7 @@ void CudaReducer::reduce(void* out0, void* out1, const void* a, const void* b, s
   l.divisor = spec.divisor;
   l.finalize = finalize;
   l.smsForNccl = smsForNccl_;
-  CudaDeviceGuard guard(device_);
+  l.device = device_;
   launchReduce(l, stream_);
 }
 
@@ -36,16 +37,16 @@ void CudaReducer::convert(void* out0, void* out1, const void* src, bool srcIsWir
   l.n = n;
   l.wireType = spec.wireType;
   l.smsForNccl = smsForNccl_;
-  CudaDeviceGuard guard(device_);
+  l.device = device_;
   launchConvert(l, stream_);
 }
 
 void CudaReducer::copy(void* out0, void* out1, const void* src, size_t bytes) {
   if (bytes == 0) return;
-  CudaDeviceGuard guard(device_);
   for (void* out : {out0, out1})
     if (out != nullptr && out != src)
       RC_CUDA_CHECK(cudaMemcpyAsync(out, src, bytes, cudaMemcpyDeviceToDevice, stream_));
 }
 
+}  // inline namespace RC_KERNEL_BUILD
 }  // namespace ringcomm

@@ -1,5 +1,7 @@
 // CudaReducer: the Reducer interface on one GPU. Enqueues kernels and copies on a stream it is
-// given and never blocks the host; the transport decides which stream that is.
+// given and never blocks the host; the transport decides which stream that is. Its device must
+// be current when it is called (the transport makes it so for each collective, in begin()), so a
+// step costs no device query or switch.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -8,6 +10,7 @@
 #include "ringcomm/reducer.h"
 
 namespace ringcomm {
+inline namespace RC_KERNEL_BUILD {  // kernel_build.h
 
 class CudaReducer : public Reducer {
  public:
@@ -31,4 +34,5 @@ class CudaReducer : public Reducer {
   int smsForNccl_;
 };
 
+}  // inline namespace RC_KERNEL_BUILD
 }  // namespace ringcomm

@@ -23,7 +23,9 @@
 #include "cuda/reduce_kernels.h"
 #include "ringcomm/op_math.h"
 
-namespace ringcomm::kern {
+namespace ringcomm {
+inline namespace RC_KERNEL_BUILD {  // see reduce_kernels.h
+namespace kern {
 
 constexpr int kThreads = 256;
 constexpr int kMaxDevices = 64;
@@ -154,10 +156,11 @@ inline int currentDevice() {
   return device;
 }
 
-inline int smCount() {
+// `device` is the current one when known (the launch's caller knows it: no query per step).
+inline int smCount(int device) {
   static int cache[kMaxDevices] = {};  // benign race: every writer stores the same value
-  const int device = currentDevice();
-  int& sms = cache[device >= 0 && device < kMaxDevices ? device : 0];
+  if (device < 0) device = currentDevice();
+  int& sms = cache[device < kMaxDevices ? device : 0];
   if (sms == 0) {
     int value = 0;
     RC_CUDA_CHECK(cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device));
@@ -175,10 +178,10 @@ inline size_t gridLimit(int sms, int blocksPerSm, int reserved) {
 
 // Resident blocks per SM of `kernel` at kThreads threads (registers decide: ~60-80 registers
 // fit 3-4 blocks of 256), asked once per kernel and device.
-inline int residentBlocks(const void* kernel) {
+inline int residentBlocks(const void* kernel, int device) {
   static std::mutex mutex;
   static std::map<std::pair<const void*, int>, int> cache;
-  const int device = currentDevice();
+  if (device < 0) device = currentDevice();
   std::lock_guard<std::mutex> lock(mutex);
   auto [it, fresh] = cache.try_emplace({kernel, device}, 1);
   if (fresh) {
@@ -213,20 +216,28 @@ inline size_t alignedHead(std::initializer_list<Operand> operands, size_t perVec
 // resident blocks on the SMs the kernel leaves to NCCL) and launches kernel(p) on the stream.
 template <typename P>
 void launchOver(void (*kernel)(P), P& p, size_t n, size_t head, size_t perVec, int smsForNccl,
-                cudaStream_t stream) {
+                int device, cudaStream_t stream) {
   p.n = n;
   p.head = head == SIZE_MAX ? n : (head < n ? head : n);
   p.vecs = (n - p.head) / perVec;
   const size_t work = p.vecs > 0 ? p.vecs : n;
   const size_t wanted = (work + kThreads - 1) / kThreads;
-  const size_t limit =
-      gridLimit(smCount(), residentBlocks(reinterpret_cast<const void*>(kernel)), smsForNccl);
+  const size_t limit = gridLimit(
+      smCount(device), residentBlocks(reinterpret_cast<const void*>(kernel), device), smsForNccl);
   const auto blocks = static_cast<unsigned>(wanted < limit ? (wanted > 0 ? wanted : 1) : limit);
+  // The one launch point. The CPU tests compile these sources for the host, where
+  // RC_LAUNCH_ON_HOST runs every block and thread of this grid (testing/cuda/kernels_on_host.h).
+#ifdef RC_LAUNCH_ON_HOST
+  RC_LAUNCH_ON_HOST(kernel, blocks, kThreads, stream, p);
+#else
   kernel<<<blocks, kThreads, 0, stream>>>(p);
+#endif
   RC_CUDA_CHECK(cudaGetLastError());
 }
 
 // float32 data on a 16-bit wire; op is SUM/PROD/MIN/MAX (wire_kernels.cu).
 void launchWireReduce(RedOp op, const ReduceLaunch& l, cudaStream_t stream);
 
-}  // namespace ringcomm::kern
+}  // namespace kern
+}  // inline namespace RC_KERNEL_BUILD
+}  // namespace ringcomm

@@ -10,6 +10,7 @@
 #include "ringcomm/reducer.h"
 
 namespace ringcomm {
+inline namespace RC_KERNEL_BUILD {  // kernel_build.h
 using namespace kern;
 namespace {
 
@@ -75,7 +76,7 @@ void launchTyped(const ReduceLaunch& l, cudaStream_t stream) {
   p.fin = Epilogue<typename C::Acc>::from(l);
   const size_t head = alignedHead(
       {{l.out0, sizeof(S)}, {l.out1, sizeof(S)}, {l.a, sizeof(S)}, {l.b, sizeof(S)}}, kPerVec);
-  launchOver(reduceKernel<C, Op>, p, l.n, head, kPerVec, l.smsForNccl, stream);
+  launchOver(reduceKernel<C, Op>, p, l.n, head, kPerVec, l.smsForNccl, l.device, stream);
 }
 
 // kAll: the integer ops too. Callers have checked the (dtype, op) pair (opSupported), so the
@@ -112,4 +113,5 @@ void launchReduce(const ReduceLaunch& l, void* streamPtr) {
   RC_THROW("unknown data type ", static_cast<int>(l.type));
 }
 
+}  // inline namespace RC_KERNEL_BUILD
 }  // namespace ringcomm

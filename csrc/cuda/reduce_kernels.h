@@ -6,9 +6,11 @@
 #include <cstddef>
 #include <optional>
 
+#include "cuda/kernel_build.h"
 #include "ringcomm/types.h"
 
 namespace ringcomm {
+inline namespace RC_KERNEL_BUILD {
 
 // SMs a reduction leaves to NCCL's own CTAs by default (its send/recv kernels overlap ours; NCCL
 // uses a few channels per peer, one CTA each); CommOptions.nccl_sms sets it per communicator.
@@ -29,6 +31,7 @@ struct ReduceLaunch {
   int divisor = 1;      // AVG divides the result by this when `finalize` is set
   bool finalize = false;
   int smsForNccl = kSmsForNccl;  // SMs the kernel leaves free
+  int device = -1;  // the current device, whose SM count sizes the grid (-1: ask CUDA)
 };
 
 // Enqueues the reduction on `stream` (a cudaStream_t) on the current device. The caller has
@@ -47,8 +50,10 @@ struct ConvertLaunch {
   size_t n = 0;  // elements
   DataType wireType = DataType::BFloat16;
   int smsForNccl = kSmsForNccl;
+  int device = -1;  // as in ReduceLaunch
 };
 
 void launchConvert(const ConvertLaunch& launch, void* stream);
 
+}  // inline namespace RC_KERNEL_BUILD
 }  // namespace ringcomm

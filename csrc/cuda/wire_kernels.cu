@@ -11,6 +11,7 @@
 #include "ringcomm/reducer.h"
 
 namespace ringcomm {
+inline namespace RC_KERNEL_BUILD {  // kernel_build.h
 using namespace kern;
 namespace {
 
@@ -172,7 +173,8 @@ void launchMixedTyped(const ReduceLaunch& l, cudaStream_t stream) {
   p.b = static_cast<const uint16_t*>(l.b);
   p.fin = Epilogue<float>::from(l);
   const size_t head = alignedHead({{l.out0, 4}, {l.out1, 2}, {l.a, 4}, {l.b, 2}}, kWirePerVec);
-  launchOver(mixedReduceKernel<W, Op>, p, l.n, head, kWirePerVec, l.smsForNccl, stream);
+  launchOver(mixedReduceKernel<W, Op>, p, l.n, head, kWirePerVec, l.smsForNccl, l.device,
+             stream);
 }
 
 template <typename W>
@@ -191,7 +193,7 @@ void launchConvertTyped(const ConvertLaunch& l, cudaStream_t stream) {
   const size_t head = alignedHead(
       {{l.out0, 4}, {l.out1, 2}, {l.src, l.srcIsWire ? 2u : 4u}}, kWirePerVec);
   launchOver(l.srcIsWire ? convertKernel<W, true> : convertKernel<W, false>, p, l.n, head,
-             kWirePerVec, l.smsForNccl, stream);
+             kWirePerVec, l.smsForNccl, l.device, stream);
 }
 
 }  // namespace
@@ -215,4 +217,5 @@ void launchConvert(const ConvertLaunch& launch, void* streamPtr) {
   launchConvertTyped<Fp16>(l, stream);
 }
 
+}  // inline namespace RC_KERNEL_BUILD
 }  // namespace ringcomm
