@@ -319,3 +319,34 @@ def test_graph_replays_beside_eager_collectives_are_exact(n):
         results = raise_first(run_ranks(n, _replays_beside_eager))
     assert all(rounds == [(0, 0)] * 4 for rounds in results), results
     assert host_gpu.violations() == []
+
+
+# -- CUDA's error state ----------------------------------------------------------------------------
+
+def _query_while_running(comm):
+    """query() while an all_reduce still runs leaves cudaErrorNotReady as this thread's last
+    error (CUDA does the same); the next collective's first kernel launch checks
+    cudaGetLastError, so a transport that does not clear it fails there."""
+    core, count = _ring(comm), 4099
+    stream = host_gpu.new_stream()
+    buf = torch.zeros(count)
+    f32, add = _C.DataType.float32, _C.RedOp.sum
+    seen_running, wrong = 0, 0
+    for round_ in range(4):
+        buf.fill_(comm.rank + 1 + round_)
+        core.run(_C.CollectiveRequest(_C.Primitive.all_reduce, buf.data_ptr(), 0, count, f32, add,
+                                      stream=stream))
+        seen_running += not core.ring.query()
+        host_gpu.synchronize_stream(stream)
+        expected = comm.world_size * (comm.world_size + 1) // 2 + comm.world_size * round_
+        wrong += int((buf != expected).sum())
+    return seen_running, wrong, host_gpu.last_error()
+
+
+def test_a_query_of_a_running_collective_leaves_no_error_behind():
+    host_gpu.set_jitter(2000)
+    with host_nccl_backend(slice_bytes=1024, slots=2):
+        results = raise_first(run_ranks(2, _query_while_running))
+    assert all(running > 0 for running, _, _ in results), f"nothing was still running: {results}"
+    assert [(wrong, error) for _, wrong, error in results] == [(0, 0), (0, 0)], results
+    assert host_gpu.violations() == []

@@ -237,7 +237,12 @@ void NcclTransport::failCuda(cudaError_t status, const char* call) const {
 bool NcclTransport::pollInflightLocked() {
   while (!inflight_.empty()) {
     cudaError_t status = api_->cudaEventQuery(inflightEvents_[inflight_.front().event]);
-    if (status == cudaErrorNotReady) return false;
+    if (status == cudaErrorNotReady) {
+      // The runtime also keeps NotReady as this thread's last error: clear it, or the next
+      // kernel launch's cudaGetLastError check fails with it (torch's CUDAEvent::query does too).
+      (void)api_->cudaGetLastError();
+      return false;
+    }
     if (status != cudaSuccess) {
       (void)api_->cudaGetLastError();
       abortLocked(detail::concat("a collective failed on the GPU", where(), ": ",

@@ -1,47 +1,44 @@
 // ringcomm._C.testing.host_gpu: the real NcclTransport over the host implementation of CUDA and
-// NCCL (host_gpu.h), with the CPU reducer's work launched on its compute stream, for the CPU
-// tests (tests/test_gpu_host.py). Ranks are threads of one process.
+// NCCL (host_gpu.h), reducing with the real CudaReducer and its kernels executed on the CPU
+// (kernel_runtime.h), for the CPU tests. Ranks are threads of one process.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 
-#include "cpu/cpu_reducer.h"
 #include "cuda/nccl_transport.h"
+#include "cuda/reduce_kernels.h"
 #include "ringcomm/error.h"
 #include "testing/cuda/host_gpu.h"
+#include "testing/cuda/kernel_runtime.h"
 
 namespace py = pybind11;
 
 namespace ringcomm {
 namespace {
 
-// The CPU reducer, its work launched on a host stream in order (as CudaReducer's kernels are).
-class HostReducer : public Reducer {
- public:
-  explicit HostReducer(cudaStream_t stream) : stream_(stream) {}
-
-  void reduce(void* out0, void* out1, const void* a, const void* b, size_t n,
-              const ReduceSpec& spec, bool finalize) override {
-    hostgpu::launch(stream_, [=] { CpuReducer().reduce(out0, out1, a, b, n, spec, finalize); });
-  }
-  void copy(void* out0, void* out1, const void* src, size_t bytes) override {
-    hostgpu::launch(stream_, [=] { CpuReducer().copy(out0, out1, src, bytes); });
-  }
-  void convert(void* out0, void* out1, const void* src, bool srcIsWire, size_t n,
-               const ReduceSpec& spec) override {
-    hostgpu::launch(stream_, [=] { CpuReducer().convert(out0, out1, src, srcIsWire, n, spec); });
-  }
-
- private:
-  cudaStream_t stream_;
-};
+// The kernels that ship, built for the host (kernel_runtime.h), run as work of the host
+// implementation's streams and share its CUDA state (the calling thread's device and last error).
+void runKernelsOnHostStreams() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    hostkern::Runtime& r = hostkern::runtime();
+    r.enqueue = [](cudaStream_t stream, std::function<void()> work) {
+      hostgpu::launch(stream, std::move(work));
+    };
+    r.getLastError = [] { return hostgpu::api().cudaGetLastError(); };
+    r.getDevice = [](int* device) { return hostgpu::api().cudaGetDevice(device); };
+    r.setDevice = [](int device) { return hostgpu::api().cudaSetDevice(device); };
+  });
+}
 
 struct HostGpuRing {
   std::shared_ptr<NcclTransport> transport;
-  std::shared_ptr<HostReducer> reducer;
+  std::shared_ptr<Reducer> reducer;  // the host build of CudaReducer
 };
 
 // One collective's worth of publication calls straight on the transport, as a one-hop plan
@@ -114,7 +111,9 @@ void bindHostGpu(py::module_& testing) {
              py::gil_scoped_release unlocked;  // creation waits for every rank
              auto ring = std::make_shared<HostGpuRing>();
              ring->transport = std::make_shared<NcclTransport>(o);
-             ring->reducer = std::make_shared<HostReducer>(ring->transport->computeStream());
+             runKernelsOnHostStreams();
+             ring->reducer = hostkern::makeCudaReducer(o.device, ring->transport->computeStream(),
+                                                       kSmsForNccl);
              return ring;
            }),
            py::arg("rank"), py::arg("world_size"), py::arg("unique_id"),
@@ -158,9 +157,27 @@ void bindHostGpu(py::module_& testing) {
   m.def("unique_id", [] { return py::bytes(hostgpu::uniqueId()); });
   m.def("calls", &hostgpu::callCounts, "{function: calls} since reset()");
   m.def("violations", &hostgpu::violations, "misuse of CUDA or NCCL seen since reset()");
-  m.def("reset", &hostgpu::reset);
+  m.def("reset", [] {
+    hostgpu::reset();
+    hostkern::resetGridStats();
+  });
   m.def("set_jitter", &hostgpu::setJitterMicroseconds, py::arg("microseconds"));
   m.def("set_stall", &hostgpu::setStall, py::arg("rank"), py::arg("groups"));
+  m.def("set_device_properties", [](int sms, int residentBlocks) {
+    hostkern::deviceProperties() = {sms, residentBlocks};
+  }, py::arg("sms"), py::arg("resident_blocks"),
+        "The SM count and resident blocks per SM the kernels' launch sizing sees");
+  m.def("device_properties", [] {
+    const hostkern::DeviceProperties p = hostkern::deviceProperties();
+    return py::make_tuple(p.sms, p.residentBlocks);
+  });
+  m.def("grid_stats", [] {
+    const hostkern::GridStats g = hostkern::gridStats();
+    return py::dict(py::arg("launches") = g.launches, py::arg("max_blocks") = g.maxBlocks,
+                    py::arg("threads_run") = g.threadsRun);
+  }, "Kernel grids run on the host since reset()");
+  m.def("last_error", [] { return static_cast<int>(hostgpu::peekLastError()); },
+        "The calling thread's CUDA last error, without clearing it");
 }
 
 }  // namespace ringcomm

@@ -16,11 +16,23 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <utility>
 
 namespace ringcomm::hostgpu {
 namespace {
 
 std::atomic<int> jitterMicros{0};
+
+// CUDA's error state: a call that fails also leaves its error as the calling thread's last
+// error (a query's cudaErrorNotReady included), which cudaGetLastError returns and clears; a
+// sticky error (the context is broken) is returned by every later call of every thread.
+thread_local cudaError_t lastError = cudaSuccess;
+std::atomic<cudaError_t> stickyError{cudaSuccess};
+
+cudaError_t failed(cudaError_t status) {
+  lastError = status;
+  return status;
+}
 
 
 struct Capture;
@@ -138,7 +150,7 @@ cudaError_t getDevice(int* device) {
 
 cudaError_t setDevice(int device) {
   count("cudaSetDevice");
-  if (device < 0) return cudaErrorInvalidDevice;
+  if (device < 0) return failed(cudaErrorInvalidDevice);
   currentDevice = device;
   return cudaSuccess;
 }
@@ -188,13 +200,13 @@ cudaError_t streamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) {
     node = ev->node;
   }
   if (flags & cudaEventWaitExternal) {
-    if (st->capture == nullptr) return cudaErrorInvalidValue;  // only inside a capture
+    if (st->capture == nullptr) return failed(cudaErrorInvalidValue);  // only inside a capture
     add(st, Node{Node::WaitExternal, nullptr, 0, ev});
     return cudaSuccess;
   }
   if (owner == kEndedCapture) {
     violation("cudaStreamWaitEvent on an event last recorded inside a capture that has ended");
-    return cudaErrorStreamCaptureIsolation;
+    return failed(cudaErrorStreamCaptureIsolation);
   }
   if (owner != nullptr) {  // recorded inside a capture: this stream joins it
     if (st->capture == nullptr) {
@@ -203,13 +215,13 @@ cudaError_t streamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) {
       owner->graph.lanes.emplace_back();
       owner->members.push_back(st);
     } else if (st->capture != owner) {
-      return cudaErrorStreamCaptureIsolation;
+      return failed(cudaErrorStreamCaptureIsolation);
     }
     add(st, Node{Node::Wait, nullptr, node});
     return cudaSuccess;
   }
   // An event recorded outside: inside a capture only as an external wait.
-  if (st->capture != nullptr) return cudaErrorStreamCaptureIsolation;
+  if (st->capture != nullptr) return failed(cudaErrorStreamCaptureIsolation);
   if (target > 0) waitFor(st, ev, target);  // never recorded: nothing to wait for
   return cudaSuccess;
 }
@@ -247,7 +259,7 @@ cudaError_t record(cudaEvent_t e, cudaStream_t s, bool external) {
     }
     return cudaSuccess;
   }
-  if (external) return cudaErrorInvalidValue;  // only inside a capture
+  if (external) return failed(cudaErrorInvalidValue);  // only inside a capture
   uint64_t generation;
   {
     std::lock_guard<std::mutex> lock(ev->mutex);
@@ -273,14 +285,14 @@ cudaError_t eventQuery(cudaEvent_t e) {
   Event* ev = event(e);
   std::lock_guard<std::mutex> lock(ev->mutex);
   if (ev->capturedIn != nullptr && ev->capturedIn != kEndedCapture)
-    return cudaErrorStreamCaptureUnsupported;
-  return ev->completed >= ev->recorded ? cudaSuccess : cudaErrorNotReady;
+    return failed(cudaErrorStreamCaptureUnsupported);
+  return ev->completed >= ev->recorded ? cudaSuccess : failed(cudaErrorNotReady);
 }
 
 cudaError_t deviceMalloc(void** p, size_t bytes) {
   count("cudaMalloc");
   *p = std::aligned_alloc(256, std::max<size_t>(256, (bytes + 255) / 256 * 256));
-  if (*p == nullptr) return cudaErrorMemoryAllocation;
+  if (*p == nullptr) return failed(cudaErrorMemoryAllocation);
   std::memset(*p, 0, bytes);
   return cudaSuccess;
 }
@@ -293,7 +305,8 @@ cudaError_t deviceFree(void* p) {
 
 cudaError_t getLastError() {
   count("cudaGetLastError");
-  return cudaSuccess;
+  if (const cudaError_t sticky = stickyError.load(); sticky != cudaSuccess) return sticky;
+  return std::exchange(lastError, cudaSuccess);
 }
 
 const char* errorName(cudaError_t status) {
@@ -311,6 +324,9 @@ const char* errorString(cudaError_t status) { return errorName(status); }
 cudaError_t exchangeCaptureMode(cudaStreamCaptureMode*) { return cudaSuccess; }
 
 }  // namespace
+
+cudaError_t peekLastError() { return stickyError.load() != cudaSuccess ? stickyError.load() : lastError; }
+void setStickyError(cudaError_t status) { stickyError = status; }
 
 void submit(cudaStream_t s, std::function<void()> work) { submitTo(stream(s), std::move(work)); }
 

@@ -41,6 +41,12 @@ void beginCapture(cudaStream_t stream);
 uintptr_t endCapture(cudaStream_t stream);
 void launchGraph(uintptr_t graph, cudaStream_t stream);
 
+// CUDA's error state, kept as the runtime keeps it (host_cuda.cc): the calling thread's last
+// error without clearing it; a sticky error every later cudaGetLastError returns (cudaSuccess
+// clears it: a test's own reset).
+cudaError_t peekLastError();
+void setStickyError(cudaError_t status);
+
 // A fresh ncclUniqueId's bytes.
 std::string uniqueId();
 
