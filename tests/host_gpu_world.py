@@ -66,6 +66,7 @@ def host_nccl_backend(slice_bytes=256, slots=4, publish_bytes=0, timeout=20.0):
         backends.register(shm)
         host_gpu.set_stall(-1, -1)
         host_gpu.set_jitter(0)
+        host_gpu.set_posts_in_progress(False)
 
 
 def run_ranks(world, body, timeout=20.0, join_timeout=120.0, **comm_options):

@@ -350,3 +350,12 @@ def test_a_query_of_a_running_collective_leaves_no_error_behind():
     assert all(running > 0 for running, _, _ in results), f"nothing was still running: {results}"
     assert [(wrong, error) for _, wrong, error in results] == [(0, 0), (0, 0)], results
     assert host_gpu.violations() == []
+
+
+def test_sends_and_receives_in_progress_keep_the_group_posting():
+    """On a non-blocking communicator NCCL may answer ncclSend/ncclRecv with ncclInProgress:
+    taken, not failed."""
+    with host_nccl_backend(slice_bytes=256, slots=4):
+        host_gpu.set_posts_in_progress(True)
+        _check(run_ranks(3, _sweep([(torch.float32, "sum"), (torch.int64, "max")],
+                                   [torch.float16])))

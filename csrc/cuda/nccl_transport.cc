@@ -145,11 +145,11 @@ void NcclTransport::runGroup(Enqueue enqueue, const std::function<std::string()>
     std::lock_guard<std::mutex> lock(mutex_);
     if (aborted_) throwAborted();
     ncclResult_t rc = api_->ncclGroupStart();
-    if (rc != ncclSuccess) failNcclLocked(rc, what());
+    if (!ncclPosted(rc)) failNcclLocked(rc, what());
     rc = enqueue(comm_);
     const ncclResult_t ended = api_->ncclGroupEnd();  // also after a failed post: ends the group
-    if (rc == ncclSuccess) rc = ended;
-    if (rc != ncclSuccess && rc != ncclInProgress) failNcclLocked(rc, what());
+    if (ncclPosted(rc)) rc = ended;
+    if (!ncclPosted(rc)) failNcclLocked(rc, what());
   }
   // The first exchange with a peer connects to it, which waits for the peer.
   awaitNccl(what, options_.timeoutSeconds);
@@ -179,7 +179,7 @@ void NcclTransport::issue(const std::vector<QueuedSend>& sends, const Receive* r
           const void* data = s.slot >= 0 ? sendSlot(s.slot) : s.src;
           const ncclResult_t rc =
               api_->ncclSend(data, s.bytes, ncclInt8, s.peer, comm, commStream_);
-          if (rc != ncclSuccess) return rc;
+          if (!ncclPosted(rc)) return rc;
         }
         if (!receives) return ncclSuccess;
         return api_->ncclRecv(receive->dst, receive->bytes, ncclInt8, receive->peer, comm,
@@ -240,7 +240,7 @@ void NcclTransport::exchange(const std::vector<PublishOp>& ops, int phase) {
                                        commStream_)
                       : api_->ncclRecv(staging_ + op.offset, op.bytes, ncclInt8, op.peer, comm,
                                        commStream_);
-          if (rc != ncclSuccess) return rc;
+          if (!ncclPosted(rc)) return rc;
         }
         return ncclSuccess;
       },

@@ -57,6 +57,11 @@ struct NcclTransportOptions {
   const GpuApi* api = nullptr;    // the CUDA and NCCL functions (null: loadGpuApi(nccl))
 };
 
+// A call on a non-blocking communicator may return ncclInProgress (NCCL returns the
+// communicator's state from each call): the operation was taken and completes later, so a group
+// keeps posting; only other results are failures.
+inline bool ncclPosted(ncclResult_t rc) { return rc == ncclSuccess || rc == ncclInProgress; }
+
 class NcclTransport : public Transport {
  public:
   explicit NcclTransport(const NcclTransportOptions& options);

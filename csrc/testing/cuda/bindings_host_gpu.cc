@@ -163,6 +163,7 @@ void bindHostGpu(py::module_& testing) {
   });
   m.def("set_jitter", &hostgpu::setJitterMicroseconds, py::arg("microseconds"));
   m.def("set_stall", &hostgpu::setStall, py::arg("rank"), py::arg("groups"));
+  m.def("set_posts_in_progress", &hostgpu::setPostsInProgress, py::arg("in_progress"));
   m.def("set_device_properties", [](int sms, int residentBlocks) {
     hostkern::deviceProperties() = {sms, residentBlocks};
   }, py::arg("sms"), py::arg("resident_blocks"),

@@ -61,5 +61,8 @@ void setJitterMicroseconds(int microseconds);
 // Rank `rank` of every communicator created from now on stops after `groups` NCCL groups: its
 // later groups are accepted but never move anything, as if its process had died (-1: never).
 void setStall(int rank, int groups);
+// ncclSend/ncclRecv inside a group on a non-blocking communicator return ncclInProgress (as
+// NCCL's do while the communicator's state is in progress) instead of ncclSuccess.
+void setPostsInProgress(bool inProgress);
 
 }  // namespace ringcomm::hostgpu

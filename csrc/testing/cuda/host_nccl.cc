@@ -21,6 +21,7 @@ namespace ringcomm::hostgpu {
 namespace {
 
 std::atomic<int> stallRank{-1}, stallGroups{-1};
+std::atomic<bool> postsInProgress{false};
 
 
 struct Comm;
@@ -290,7 +291,9 @@ ncclResult_t post(bool send, const void* data, size_t count, ncclDataType_t type
   op->bytes = count;
   op->stream = s;
   grouped.push_back(op);
-  return groupDepth > 0 ? ncclSuccess : (++groupDepth, groupEnd());
+  if (groupDepth == 0) return ++groupDepth, groupEnd();
+  // NCCL returns a non-blocking communicator's state from each call: it may be in progress.
+  return postsInProgress && !comm(c)->blocking ? ncclInProgress : ncclSuccess;
 }
 
 ncclResult_t send(const void* data, size_t n, ncclDataType_t type, int peer, ncclComm_t c,
@@ -395,6 +398,8 @@ std::string uniqueId() {
   getUniqueId(&id);
   return std::string(id.internal, sizeof(id.internal));
 }
+
+void setPostsInProgress(bool inProgress) { postsInProgress = inProgress; }
 
 void setStall(int rank, int groups) {
   stallRank = rank;
