@@ -24,6 +24,8 @@ void bindCuda(py::module_& m) {
   auto release = py::call_guard<py::gil_scoped_release>();
   m.def("cuda_available", &cudaAvailable, "Whether a CUDA device is usable (False without a driver)");
   m.def("device_count", &cudaDeviceCount);
+  m.def("cuda_unavailable_reason", &cudaUnavailableReason,
+        "Why no CUDA device is usable, naming the CUDA error (\"\" when one is)");
   m.def("nccl_library", [](const std::string& library, const std::string& hint) {
         return py::make_tuple(ncclLibraryPath(library, hint), ncclRuntimeVersion(library, hint));
       }, py::arg("library") = "", py::arg("hint") = "",

@@ -59,7 +59,8 @@ def create(rendezvous, device_index, options, ordinal=0):
         raise _C.RingcommError("this ringcomm was built without CUDA (no nvcc at build time); "
                                "reinstall it on a machine with the CUDA toolkit")
     if not _C.cuda_available():
-        raise _C.RingcommError("CUDA tensors were given but no CUDA device is usable")
+        raise _C.RingcommError("CUDA tensors were given but no CUDA device is usable: "
+                               + _C.cuda_unavailable_reason())
     search = nccl_search(options)
     key = f"nccl-id/{ordinal}"
     if rendezvous.rank == 0:

@@ -126,3 +126,21 @@ def test_the_nccl_library_option_is_the_only_place_looked_at(tmp_path):
                                             "RINGCOMM_NCCL_LIBRARY": "/no/such/nccl"})
     assert run.returncode != 0
     assert "nccl_library=/no/such/nccl could not be used as NCCL" in run.stderr
+
+
+def test_no_usable_gpu_names_the_cuda_error():
+    """A machine whose driver is missing, or older than ringcomm's CUDA runtime, is told CUDA's
+    own error, not a bare "no device" (torch may still see its GPUs through an older runtime)."""
+    from ringcomm import _C, cuda_backend
+    from ringcomm.options import CommOptions
+
+    if not _C.build_info()["cuda"]:
+        pytest.skip("built without CUDA")
+    if _C.cuda_available():
+        pytest.skip("a CUDA device is usable here")
+    reason = _C.cuda_unavailable_reason()
+    assert reason == "the CUDA runtime sees no device" or (
+        reason.startswith("cudaGetDeviceCount failed: cudaError") and "CUDA runtime is" in reason)
+    with pytest.raises(_C.RingcommError) as raised:
+        cuda_backend.create(None, 0, CommOptions())
+    assert str(raised.value).endswith("no CUDA device is usable: " + reason)

@@ -19,13 +19,24 @@ namespace ringcomm {
 int cudaDeviceCount() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    (void)cudaGetLastError();  // no driver (error 35) or no device: not an error here
+    (void)cudaGetLastError();  // no driver, or one older than the runtime: cudaUnavailableReason
     return 0;
   }
   return count;
 }
 
 bool cudaAvailable() { return cudaDeviceCount() > 0; }
+
+std::string cudaUnavailableReason() {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status == cudaSuccess) return count > 0 ? "" : "the CUDA runtime sees no device";
+  (void)cudaGetLastError();
+  // A driver older than this build's CUDA runtime reads like "no GPU" unless the error is named.
+  return detail::concat("cudaGetDeviceCount failed: ", cudaGetErrorName(status), " (",
+                        cudaGetErrorString(status), "); ringcomm's CUDA runtime is ",
+                        CUDART_VERSION / 1000, ".", CUDART_VERSION % 1000 / 10);
+}
 
 std::string ncclLibraryPath(const std::string& library, const std::string& hint) {
   return loadGpuApi({library, hint}).ncclPath;

@@ -24,9 +24,11 @@ class CudaReducer;
 class Reducer;
 class Transport;
 
-// Whether a CUDA device is usable; any cudaGetDeviceCount error (no driver) means "no".
+// Whether a CUDA device is usable; any cudaGetDeviceCount error (no driver, a driver older than
+// the runtime) means "no", and cudaUnavailableReason names it ("" when a device is usable).
 bool cudaAvailable();
 int cudaDeviceCount();
+std::string cudaUnavailableReason();
 
 // Loads NCCL (`library`: the nccl_library option, else the search of gpu_api.h, `hint` last) and
 // returns its path and version code.
