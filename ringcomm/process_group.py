@@ -62,6 +62,10 @@ _C_OPS = _shared_ops()
 
 
 def _completed(result):
+    """The Work of a call that has run (CPU) or has been enqueued on the current stream (CUDA)."""
+    device = next((t.device for t in result if isinstance(t, torch.Tensor) and t.is_cuda), None)
+    if device is not None:
+        return _CudaWork(result, device)
     future = torch.futures.Future()
     future.set_result(result)
     return _create_work_from_future(future)
@@ -375,9 +379,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         must not be driven from two threads)."""
         if tensors[0].is_cuda:
             call()
-            future = torch.futures.Future(devices=[tensors[0].device])
-            future.set_result(tensors)
-            return _create_work_from_future(future)
+            return _CudaWork(tensors, tensors[0].device)
         if self._p2p_threads is None:
             self._p2p_threads = {k: ThreadPoolExecutor(1, thread_name_prefix=f"ringcomm-{k}")
                                  for k in ("send", "recv")}
@@ -443,6 +445,36 @@ class _FutureWork(dist._Work):
         return self._source[0]
 
 
+class _CudaWork(dist._Work):
+    """The Work of a call on CUDA tensors, which ran on the caller's current stream, as NCCL's
+    Work: wait() makes the caller's current stream wait for it (the host does not block),
+    is_completed() asks the GPU, and the Future carries the device so that what is chained on
+    it is ordered after the call too."""
+
+    def __init__(self, result, device):
+        super().__init__()
+        self._done = torch.cuda.Event()
+        self._done.record(torch.cuda.current_stream(device))
+        self._future = torch.futures.Future(devices=[device])
+        self._future.set_result(result)  # records its own event on the current stream
+
+    def wait(self, timeout=None):
+        self._future.wait()  # the current stream waits; the host does not
+        return True
+
+    def is_completed(self):
+        return self._done.query()
+
+    def is_success(self):
+        return self.is_completed()
+
+    def synchronize(self):
+        self._done.synchronize()
+
+    def get_future(self):
+        return self._future
+
+
 def _outside_dynamo(*classes):
     """Runs every method of `classes`, and all it calls, as plain Python under torch.compile.
 
@@ -472,7 +504,7 @@ def _outside_dynamo(*classes):
                 set_code_exec_strategy(fn.__code__, skip)
 
 
-_outside_dynamo(ProcessGroupRingcomm, _FutureWork)
+_outside_dynamo(ProcessGroupRingcomm, _FutureWork, _CudaWork)
 
 
 def _create(options, backend_options):
