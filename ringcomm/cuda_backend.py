@@ -1,6 +1,7 @@
 """The CUDA backend: ringcomm's ring over its own NCCL communicator (send/recv only); the same
 NCCL communicator reaches every rank, so it also carries point-to-point and all-to-all."""
 import os
+import sys
 
 from . import _C, backends
 
@@ -61,6 +62,11 @@ def create(rendezvous, device_index, options, ordinal=0):
     if not _C.cuda_available():
         raise _C.RingcommError("CUDA tensors were given but no CUDA device is usable: "
                                + _C.cuda_unavailable_reason())
+    if _capturing():
+        raise _C.RingcommError(
+            "a CUDA graph capture cannot hold a ringcomm communicator's first CUDA call, which "
+            "creates its NCCL communicator and memory: run a collective once before capturing, "
+            "as a warm-up")
     search = nccl_search(options)
     key = f"nccl-id/{ordinal}"
     if rendezvous.rank == 0:
@@ -76,6 +82,12 @@ def create(rendezvous, device_index, options, ordinal=0):
     comm.set_peer_links(ring.transport)  # sends whole messages from and into user buffers
     ring.release()  # the communicator owns them now: its close() frees the GPU resources
     return comm
+
+
+def _capturing():
+    """Whether torch's current stream is capturing a CUDA graph (only asked when torch is in use)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def current_stream(buf):

@@ -2,6 +2,7 @@
 the host implementation (_C.testing.host_gpu), which moves real bytes with NCCL's pairing,
 group and stream semantics and records misuse. Exact results for every plan at worlds 2-8,
 then the failure paths: a dead peer, a skipped collective, a missing peer, mismatched sizes."""
+import gc
 import time
 
 import pytest
@@ -200,6 +201,7 @@ def test_per_step_host_work_does_not_grow_device_queries():
     """cudaGetDevice, cudaSetDevice and stream-capture queries are per collective, never per
     step: ten times the slices cost no more of them."""
     def calls_for(count):
+        gc.collect()  # rings of earlier tests are released now, not while this one counts
         with host_nccl_backend(slice_bytes=256, slots=4):
             raise_first(run_ranks(2, lambda comm: _all_reduces(comm, calls=2, count=count)))
             return host_gpu.calls()
@@ -285,6 +287,13 @@ def test_no_publications_without_room():
 
 # -- CUDA graphs -----------------------------------------------------------------------------------
 
+def _warm_up(core):
+    """One eager collective: NCCL connects to the peers outside any capture."""
+    token = torch.zeros(1)
+    core.run(_C.CollectiveRequest(_C.Primitive.all_reduce, token.data_ptr(), 0, 1,
+                                  _C.DataType.float32, _C.RedOp.sum))
+
+
 def _replays_beside_eager(comm):
     """An all_reduce captured in a graph, replayed on one stream while an eager all_reduce runs
     on another: they share staging slots and NCCL's pairing, so the transport runs them one
@@ -294,6 +303,7 @@ def _replays_beside_eager(comm):
     count = 3001
     buf, other = torch.zeros(count), torch.zeros(count)
     f32, add = _C.DataType.float32, _C.RedOp.sum
+    _warm_up(core)
     host_gpu.begin_capture(capture)
     core.run(_C.CollectiveRequest(_C.Primitive.all_reduce, buf.data_ptr(), 0, count, f32, add,
                                   stream=capture))
@@ -359,3 +369,63 @@ def test_sends_and_receives_in_progress_keep_the_group_posting():
         host_gpu.set_posts_in_progress(True)
         _check(run_ranks(3, _sweep([(torch.float32, "sum"), (torch.int64, "max")],
                                    [torch.float16])))
+
+
+def _capture_first(comm):
+    """A capture cannot hold a communicator's first collective (NCCL would connect inside it):
+    a clear error before anything is enqueued, and the communicator stays usable."""
+    core, stream = _ring(comm), host_gpu.new_stream()
+    buf = torch.full((100,), float(comm.rank + 1))
+    request = _C.CollectiveRequest(_C.Primitive.all_reduce, buf.data_ptr(), 0, 100,
+                                   _C.DataType.float32, _C.RedOp.sum, stream=stream)
+    host_gpu.begin_capture(stream)
+    try:
+        core.run(request)
+        error = None
+    except _C.RingcommError as raised:
+        error = str(raised)
+    host_gpu.end_capture(stream)
+    core.run(_C.CollectiveRequest(_C.Primitive.all_reduce, buf.data_ptr(), 0, 100,
+                                  _C.DataType.float32, _C.RedOp.sum))
+    return error, float(buf[0])
+
+
+def test_a_capture_of_the_first_collective_is_refused_clearly():
+    with host_nccl_backend(slice_bytes=256, slots=2):
+        results = raise_first(run_ranks(2, _capture_first))
+    for error, value in results:
+        assert error and "warm-up" in error and "first collective" in error, error
+        assert value == 3.0
+    assert host_gpu.violations() == []
+
+
+def _replay_after_close(comm):
+    """close() with a graph still alive neither waits for replays nor frees what the graph
+    uses: the graph replays exactly after it."""
+    core, stream = _ring(comm), host_gpu.new_stream()
+    count, n = 1000, comm.world_size
+    buf = torch.zeros(count)
+    _warm_up(core)
+    host_gpu.begin_capture(stream)
+    core.run(_C.CollectiveRequest(_C.Primitive.all_reduce, buf.data_ptr(), 0, count,
+                                  _C.DataType.float32, _C.RedOp.sum, stream=stream))
+    graph = host_gpu.end_capture(stream)
+    begun = time.monotonic()
+    comm.close()
+    closing = time.monotonic() - begun
+    wrong = []
+    for round_ in range(3):
+        buf.fill_(comm.rank + 1 + round_)
+        host_gpu.launch_graph(graph, stream)
+        host_gpu.synchronize_stream(stream)
+        wrong.append(int((buf != n * (n + 1) // 2 + n * round_).sum()))
+    return closing, wrong
+
+
+def test_closing_with_a_live_graph_keeps_what_it_replays():
+    with host_nccl_backend(slice_bytes=256, slots=2, timeout=10.0):
+        results = raise_first(run_ranks(2, _replay_after_close))
+    for closing, wrong in results:
+        assert wrong == [0, 0, 0], results
+        assert closing < 5.0, f"close() waited {closing:.1f} s (finalize waits for replays)"
+    assert host_gpu.violations() == []

@@ -54,9 +54,15 @@ void Communicator::collective(uintptr_t stream, const CallName& call,
 void Communicator::bracket(Transport& transport, uintptr_t stream, const CallName& call,
                            const std::function<void()>& body) {
   try {
-    transport.begin(stream, call);
+    try {
+      transport.begin(stream, call);
+    } catch (const RefusedError&) {
+      throw;  // begin() started nothing: the communicator stays usable
+    }
     body();
     transport.end();
+  } catch (const RefusedError&) {
+    throw;
   } catch (const Error& e) {
     failed(e.what());
     throw;

@@ -156,12 +156,26 @@ inline int currentDevice() {
   return device;
 }
 
+// The first launch of a kernel may come inside a CUDA graph capture: its sizing queries are
+// set-up, not captured work, so this thread asks them in relaxed capture mode.
+class RelaxedCapture {
+ public:
+  RelaxedCapture() { RC_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode_)); }
+  ~RelaxedCapture() { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
 // `device` is the current one when known (the launch's caller knows it: no query per step).
 inline int smCount(int device) {
   static int cache[kMaxDevices] = {};  // benign race: every writer stores the same value
   if (device < 0) device = currentDevice();
   int& sms = cache[device < kMaxDevices ? device : 0];
   if (sms == 0) {
+    RelaxedCapture relaxed;
     int value = 0;
     RC_CUDA_CHECK(cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device));
     sms = value > 0 ? value : 1;
@@ -185,6 +199,7 @@ inline int residentBlocks(const void* kernel, int device) {
   std::lock_guard<std::mutex> lock(mutex);
   auto [it, fresh] = cache.try_emplace({kernel, device}, 1);
   if (fresh) {
+    RelaxedCapture relaxed;
     int value = 0;
     cudaError_t status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&value, kernel, kThreads, 0);
     if (status != cudaSuccess) cache.erase(it);

@@ -88,6 +88,7 @@ void NcclTransport::create() {
   make(recvFree_, slots);
   make(inflightEvents_, kInflightEvents);
   sendFreePending_.assign(slots, false);
+  connected_.assign(options_.worldSize, false);
   recvFreePending_.assign(slots, false);
   slotStride_ = (options_.slotBytes + 255) / 256 * 256;  // 256-byte aligned: vector kernels
   void* memory = nullptr;
@@ -124,6 +125,18 @@ void NcclTransport::create() {
 // Frees everything the constructor made; never throws (it runs while exceptions unwind).
 void NcclTransport::release() noexcept {
   if (api_ == nullptr) return;  // the GPU functions could not be loaded: nothing was made
+  if (capturedCollectives_ > 0 && !aborted_) {
+    // A CUDA graph may replay captured collectives after close(): they use this NCCL
+    // communicator, its streams, events and slots, which therefore live as long as the process.
+    // (Finalizing would also wait for replays that may never come.) Only the watchdog stops.
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
+    return;
+  }
   int previous = -1;
   const bool switched = api_->cudaGetDevice(&previous) == cudaSuccess &&
                         previous != options_.device &&

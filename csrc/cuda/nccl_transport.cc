@@ -30,13 +30,19 @@ bool overlaps(const void* a, size_t aBytes, const void* b, size_t bBytes) {
 void NcclTransport::begin(uintptr_t stream, const CallName& call) {
   checkUsable();
   call_ = call;
-  RC_GPU(cudaGetDevice(&callerDevice_));
-  if (callerDevice_ != options_.device) RC_GPU(cudaSetDevice(options_.device));
-  inCollective_ = true;
   caller_ = reinterpret_cast<cudaStream_t>(stream);
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   RC_GPU(cudaStreamIsCapturing(caller_, &status));
   const bool capturing = status == cudaStreamCaptureStatusActive;
+  // First-time work (connecting to peers through NCCL, which allocates and waits for them)
+  // cannot be part of a capture: a collective must have run once outside it.
+  if (capturing && eagerCollectives_ == 0)
+    RC_THROW_AS(RefusedError, "a CUDA graph capture cannot hold the first collective of a "
+                "ringcomm communicator (NCCL connects to its peers then): run the collective "
+                "once before capturing, as a warm-up", where());
+  RC_GPU(cudaGetDevice(&callerDevice_));
+  if (callerDevice_ != options_.device) RC_GPU(cudaSetDevice(options_.device));
+  inCollective_ = true;
   if (capturing || capturing_) {
     // Events recorded inside a capture cannot be waited on outside it, nor the reverse: slot
     // reuse across that boundary is ordered by the timeline event instead.
@@ -140,7 +146,16 @@ void NcclTransport::flush() {
 }
 
 template <typename Enqueue>
-void NcclTransport::runGroup(Enqueue enqueue, const std::function<std::string()>& what) {
+void NcclTransport::runGroup(const std::vector<int>& peers, Enqueue enqueue,
+                             const std::function<std::string()>& what) {
+  for (int peer : peers)
+    if (capturing_ && !connected_[peer]) {
+      const std::string why = detail::concat(
+          "a CUDA graph capture cannot hold the first exchange with rank ", peer,
+          " (NCCL connects to it then): run this collective once before capturing, as a warm-up");
+      abort(why);
+      RC_THROW(why, where());
+    }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (aborted_) throwAborted();
@@ -153,6 +168,7 @@ void NcclTransport::runGroup(Enqueue enqueue, const std::function<std::string()>
   }
   // The first exchange with a peer connects to it, which waits for the peer.
   awaitNccl(what, options_.timeoutSeconds);
+  for (int peer : peers) connected_[peer] = true;
 }
 
 void NcclTransport::issue(const std::vector<QueuedSend>& sends, const Receive* receive) {
@@ -172,7 +188,12 @@ void NcclTransport::issue(const std::vector<QueuedSend>& sends, const Receive* r
     RC_GPU(cudaStreamWaitEvent(commStream_, computeAll_, 0));
   }
 
+  std::vector<int> peers;
+  for (const QueuedSend& s : sends)
+    if (s.bytes > 0) peers.push_back(s.peer);
+  if (receives) peers.push_back(receive->peer);
   runGroup(
+      peers,
       [&](ncclComm_t comm) {
         for (const QueuedSend& s : sends) {
           if (s.bytes == 0) continue;
@@ -232,7 +253,10 @@ void NcclTransport::exchange(const std::vector<PublishOp>& ops, int phase) {
   flush();  // sends queued before it leave first, in the order their receivers expect
   RC_GPU(cudaEventRecord(computeAll_, compute_));
   RC_GPU(cudaStreamWaitEvent(commStream_, computeAll_, 0));
+  std::vector<int> peers;
+  for (const PublishOp& op : ops) peers.push_back(op.peer);
   runGroup(
+      peers,
       [&](ncclComm_t comm) {
         for (const PublishOp& op : ops) {
           const ncclResult_t rc =
@@ -258,12 +282,14 @@ void NcclTransport::end() {
   RC_GPU(cudaEventRecord(commAll_, commStream_));
   RC_GPU(cudaStreamWaitEvent(compute_, commAll_, 0));
   if (capturing_) {
+    ++capturedCollectives_;
     // The caller's stream joins the capture's streams back (an event of the capture), then at
     // each replay moves the timeline on (an external record; see begin).
     RC_GPU(cudaEventRecord(done_, compute_));
     RC_GPU(cudaStreamWaitEvent(caller_, done_, 0));
     RC_GPU(cudaEventRecordWithFlags(timeline_, caller_, cudaEventRecordExternal));
   } else {
+    ++eagerCollectives_;
     RC_GPU(cudaEventRecord(timeline_, compute_));
     RC_GPU(cudaStreamWaitEvent(caller_, timeline_, 0));
     std::lock_guard<std::mutex> lock(mutex_);

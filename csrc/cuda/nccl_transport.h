@@ -120,8 +120,10 @@ class NcclTransport : public Transport {
   // One NCCL group: `enqueue(comm)` posts its operations between ncclGroupStart and
   // ncclGroupEnd (returning the first failure); then the owner waits until NCCL has enqueued
   // them (the first exchange with a peer connects to it). `what()` names the group, for errors.
+  // `peers`: the ranks it exchanges with; inside a capture each must have been connected before.
   template <typename Enqueue>
-  void runGroup(Enqueue enqueue, const std::function<std::string()>& what);
+  void runGroup(const std::vector<int>& peers, Enqueue enqueue,
+                const std::function<std::string()>& what);
   // Polls ncclCommGetAsyncError until the last call is done; aborts and raises past the limit.
   // `what()` is only called to describe a failure.
   void awaitNccl(const std::function<std::string()>& what, double limitSeconds);
@@ -167,6 +169,8 @@ class NcclTransport : public Transport {
   char* staging_ = nullptr;  // publications_.stagingBytes()
   int stagedSlot_ = -1;
   uint64_t sendCount_ = 0, recvCount_ = 0;
+  std::vector<bool> connected_;  // per peer: an exchange with it has completed (NCCL connected)
+  uint64_t eagerCollectives_ = 0, capturedCollectives_ = 0;
   int heldRecvSlot_ = -1;
 
   // Eager collectives still running: the watchdog gives each the whole timeout from the moment

@@ -30,12 +30,20 @@ class PeerError : public Error {
   using Error::Error;
 };
 
+// A call refused before it started anything (it would have been misuse): the communicator
+// stays usable.
+class RefusedError : public Error {
+ public:
+  using Error::Error;
+};
+
 // Rethrows `e` as the same kind of error with `prefix` in front of its message.
 [[noreturn]] inline void rethrowWithPrefix(const Error& e, const std::string& prefix) {
   const std::string message = prefix + e.what();
   if (dynamic_cast<const TimeoutError*>(&e)) throw TimeoutError(message);
   if (dynamic_cast<const MismatchError*>(&e)) throw MismatchError(message);
   if (dynamic_cast<const PeerError*>(&e)) throw PeerError(message);
+  if (dynamic_cast<const RefusedError*>(&e)) throw RefusedError(message);
   throw Error(message);
 }
 

@@ -33,6 +33,9 @@ void runKernelsOnHostStreams() {
     r.getLastError = [] { return hostgpu::api().cudaGetLastError(); };
     r.getDevice = [](int* device) { return hostgpu::api().cudaGetDevice(device); };
     r.setDevice = [](int device) { return hostgpu::api().cudaSetDevice(device); };
+    r.exchangeCaptureMode = [](cudaStreamCaptureMode* mode) {
+      return hostgpu::api().cudaThreadExchangeStreamCaptureMode(mode);
+    };
   });
 }
 

@@ -61,6 +61,12 @@ struct Comm {
   int stallAfter = -1;
   std::thread job;  // the non-blocking call in progress
   std::string lastError;
+
+  // A communicator never destroyed (a process may leave NCCL's to its exit, as a communicator
+  // whose collectives a live graph holds does) ends with the process, whatever it was doing.
+  ~Comm() {
+    if (job.joinable()) job.detach();
+  }
 };
 
 std::mutex worldsMutex;

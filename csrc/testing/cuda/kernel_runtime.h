@@ -51,6 +51,7 @@ struct Runtime {
   std::function<cudaError_t()> getLastError;  // default: this thread's own last error
   std::function<cudaError_t(int*)> getDevice;
   std::function<cudaError_t(int)> setDevice;
+  std::function<cudaError_t(cudaStreamCaptureMode*)> exchangeCaptureMode;
 };
 Runtime& runtime();  // set before any launch; not thread-safe to change while kernels run
 void resetRuntime();  // the defaults
@@ -85,6 +86,7 @@ cudaError_t occupancyMaxActiveBlocksPerMultiprocessor(int* blocks, const void* k
                                                       size_t sharedBytes);
 cudaError_t memcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                         cudaStream_t stream);
+cudaError_t exchangeCaptureMode(cudaStreamCaptureMode* mode);
 const char* errorName(cudaError_t status);
 const char* errorString(cudaError_t status);
 

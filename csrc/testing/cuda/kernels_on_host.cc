@@ -36,6 +36,11 @@ Runtime defaults() {
     device = d;
     return cudaSuccess;
   };
+  r.exchangeCaptureMode = [](cudaStreamCaptureMode* mode) {
+    thread_local cudaStreamCaptureMode current = cudaStreamCaptureModeGlobal;
+    std::swap(current, *mode);
+    return cudaSuccess;
+  };
   return r;
 }
 
@@ -95,6 +100,9 @@ void runGrid(unsigned blocks, unsigned threads, cudaStream_t stream, std::functi
 cudaError_t getDevice(int* d) { return runtime().getDevice(d); }
 cudaError_t setDevice(int d) { return runtime().setDevice(d); }
 cudaError_t getLastError() { return runtime().getLastError(); }
+cudaError_t exchangeCaptureMode(cudaStreamCaptureMode* mode) {
+  return runtime().exchangeCaptureMode(mode);
+}
 
 cudaError_t deviceGetAttribute(int* value, cudaDeviceAttr attribute, int) {
   if (attribute != cudaDevAttrMultiProcessorCount) return lastError = cudaErrorInvalidValue;

@@ -52,5 +52,6 @@
 #define cudaOccupancyMaxActiveBlocksPerMultiprocessor \
   ::ringcomm::hostkern::occupancyMaxActiveBlocksPerMultiprocessor
 #define cudaMemcpyAsync ::ringcomm::hostkern::memcpyAsync
+#define cudaThreadExchangeStreamCaptureMode ::ringcomm::hostkern::exchangeCaptureMode
 #define cudaGetErrorName ::ringcomm::hostkern::errorName
 #define cudaGetErrorString ::ringcomm::hostkern::errorString
