@@ -393,6 +393,9 @@ PYBIND11_MODULE(_C, m) {
           },
           "What the transports moved and how long they waited (see Communicator.stats)")
       .def("reset_traffic", &Comm::resetTraffic)
+      .def("abort", &Comm::abort, py::arg("why"), release,
+           "Fails this communicator's waits on any thread and every peer's (a PeerError "
+           "naming this rank and `why`); callable while another thread runs a collective")
       .def("close", &Comm::close, release);
 
   bindTesting(m);  // before bindCuda, which adds to m.testing
