@@ -416,6 +416,7 @@ class _FutureWork(dist._Work):
     def __init__(self, future, abort, source=None):
         super().__init__()
         self._future, self._abort, self._source = future, abort, source
+        self._cpp_future = None  # get_future's
 
     def wait(self, timeout=None):
         waiting.wait(self._future, self._abort)  # raises the call's exception
@@ -434,7 +435,14 @@ class _FutureWork(dist._Work):
             return False
 
     def get_future(self):
-        return self._future
+        # A Future completed from Python with set_exception holds the exception as its value
+        # (Python's wait() raises it): a C++ consumer such as DDP's reducer would take it for
+        # the result (and crash reading tensors out of it). An exception raised in a then()
+        # callback is a C++ error instead, which every consumer sees (as a RuntimeError naming
+        # the original).
+        if self._cpp_future is None:
+            self._cpp_future = self._future.then(lambda done: done.wait())
+        return self._cpp_future
 
     def _source_rank(self):
         if not self._source:
