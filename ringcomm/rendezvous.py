@@ -1,10 +1,13 @@
 """Rendezvous through torch.distributed's Store: ranks publish and read small values
-(shared-memory names, NCCL unique ids) under a prefix unique to one communicator."""
+(shared-memory names, NCCL unique ids) under a prefix unique to one communicator and to one
+set-up of it (ringcomm.epochs: a store may hold what an earlier attempt of the job left)."""
 import datetime
 import itertools
 from collections import defaultdict
 
 import torch.distributed as dist
+
+from . import epochs
 
 # Communicators built in the same order on every rank get the same number, so their store keys
 # match without any extra exchange (the way torch names process groups).
@@ -56,7 +59,12 @@ class Rendezvous:
     def _setup(self, store, name, rank, world_size, timeout):
         self.rank, self.world_size = rank, world_size
         self.timeout = timeout_seconds(timeout)
-        self.store = dist.PrefixStore(f"ringcomm/{name}/{next(_instances[name])}/", store)
+        attempt, number = epochs.attempt(), next(_instances[name])
+        self.store = dist.PrefixStore(f"ringcomm/{name}/{attempt}/{number}/", store)
+        if world_size > 1:  # here, where every rank takes part, not at its first key
+            what = f"ringcomm communicator {name} #{number} (attempt {attempt})"
+            epoch = epochs.agree(self.store, rank, world_size, self.timeout, what)
+            self.store = dist.PrefixStore(f"{epoch}/", self.store)
 
     def _wait(self, keys, what):
         try:
