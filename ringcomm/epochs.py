@@ -70,10 +70,9 @@ def _lead(store, world_size, deadline, timeout, what):
         requests = [f"request/{r}" for r in sorted(waiting)]
         if not _wait(store, requests, deadline):
             missing = [r for r in sorted(waiting) if not store.check([f"request/{r}"])]
-            raise _timeout(f"rank 0 timed out after {timeout} s waiting for ranks {missing} to "
-                           f"start the set-up of {what}: no process has come as "
-                           f"{_ranks(missing)} (a missing peer, or one that runs another "
-                           f"attempt of the job)")
+            raise _timeout(f"rank 0 timed out after {timeout} s waiting for {_ranks(missing)} "
+                           f"to start the set-up of {what}: no process has come in that place "
+                           f"(a missing peer, or one that runs another attempt of the job)")
         for r in waiting:
             request = store.get(f"request/{r}").decode()
             if answered.get(r) != request:  # a new process asks (or the first look)
