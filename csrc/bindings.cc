@@ -12,6 +12,7 @@
 #include "cpu/cpu_reducer.h"
 #include "cpu/shm_p2p.h"
 #include "cpu/shm_transport.h"
+#include "python/signal_check.h"
 #include "ringcomm/algorithms.h"
 #include "ringcomm/communicator.h"
 #include "ringcomm/error.h"
@@ -172,6 +173,19 @@ PYBIND11_MODULE(_C, m) {
   py::register_exception<TimeoutError>(m, "CommTimeoutError", base.ptr());
   py::register_exception<MismatchError>(m, "MismatchError", base.ptr());
   py::register_exception<PeerError>(m, "PeerError", base.ptr());
+  // A wait ended by a signal's handler (Ctrl-C): Python gets what the handler raised
+  // (KeyboardInterrupt, SystemExit), noted with where the wait was. Registered after the
+  // translators above, so it is tried first.
+  python::installSignalCheck();
+  py::register_exception_translator([](std::exception_ptr thrown) {
+    try {
+      std::rethrow_exception(thrown);
+    } catch (const InterruptedError& e) {
+      const std::string what = std::string("ringcomm: ") + e.what();
+      if (!python::restoreHandlerException(what.c_str()))
+        PyErr_SetString(PyExc_KeyboardInterrupt, what.c_str());
+    }
+  });
 
   // The enums from the tables in types.h: a new value there needs nothing here.
   py::enum_<DataType> dataTypes(m, "DataType");
@@ -381,6 +395,9 @@ PYBIND11_MODULE(_C, m) {
           },
           "What the transports moved and how long they waited (see Communicator.stats)")
       .def("reset_traffic", &Comm::resetTraffic)
+      .def("abort", &Comm::abort, py::arg("why"), release,
+           "Fails this communicator's waits on any thread and every peer's (a PeerError "
+           "naming this rank and `why`); callable while another thread runs a collective")
       .def("close", &Comm::close, release);
 
   bindTesting(m);  // before bindCuda, which adds to m.testing

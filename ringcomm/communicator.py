@@ -4,7 +4,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from . import _C, backends, checks, work
+from . import _C, backends, checks, waiting, work
 from .buffers import as_buffer, as_c_dtype, cpu_array
 from .options import CommOptions, algorithm_for
 from .ops import to_c_op
@@ -79,6 +79,7 @@ class Communicator(PointToPoint):
         self._last = None
         self._stats_base = {}  # backend -> collectives run before the last reset_stats
         self._closed = False
+        self._aborted = None  # why abort() was called, once it was
         if not any(b.available() for b in backends.registered().values() if b.device != "cpu"):
             self._backend("cpu", -1)  # set up eagerly: set-up errors show here, not mid-training
 
@@ -322,13 +323,31 @@ class Communicator(PointToPoint):
         """Waits for the collectives queued on the worker."""
         last = self._last
         if last is not None:
-            last.result()
+            waiting.wait(last, self.abort)
 
     # -- life cycle ----------------------------------------------------------------------------
 
     @property
     def closed(self):
         return self._closed
+
+    def abort(self, why="aborted by the caller"):
+        """Fails this rank's collectives now, the one running on another thread included, and
+        every peer's (a :class:`ringcomm.PeerError` naming this rank and `why`); the
+        communicator then refuses further use. Unlike :meth:`close` it never waits, so any
+        thread may call it while a collective runs; :meth:`close` still frees the resources.
+        A Work's ``wait()`` interrupted by Ctrl-C calls it.
+
+        Example::
+
+            comm.abort("a peer reported bad data")  # every rank's pending call raises
+            comm.close()
+        """
+        if self._aborted is None:
+            self._aborted = why
+        # Without the lock: the thread running a collective holds it until the collective ends.
+        for comm in list(self._backends.values()):
+            comm.abort(why)
 
     def close(self):
         """Releases shared memory, device resources and the worker thread; idempotent."""
@@ -360,6 +379,9 @@ class Communicator(PointToPoint):
     def _backend(self, device, index):
         if self._closed:
             raise _C.RingcommError("this ringcomm communicator is closed")
+        if self._aborted is not None:
+            raise _C.PeerError(f"this ringcomm communicator was aborted and cannot be used "
+                               f"again ({self._aborted}); create a new one")
         key = (device, index)
         comm = self._backends.get(key)
         if comm is None:
@@ -384,7 +406,7 @@ class Communicator(PointToPoint):
         if not (self.debug or self.check_finite):
             return
         if self._last is not None and not getattr(_on_worker, "active", False):
-            self._last.result()  # queued async collectives use the ring first
+            waiting.wait(self._last, self.abort)  # queued async collectives use the ring first
         first_bad = checks.first_non_finite(data) if self.check_finite and data is not None else -1
         header = _C.collective_header(_C.CollectiveRequest(*request))
         mine = torch.tensor(header + [first_bad], dtype=torch.int64)
@@ -439,8 +461,8 @@ class Communicator(PointToPoint):
             return result
         future = self._submit(lambda: self._run_request(buf, request), result)
         if not async_op:  # queued behind async work: keep the order, then wait
-            return future.wait()
-        return work.Work(future)
+            return waiting.wait(future, self.abort)
+        return work.Work(future, self.abort)
 
     def _submit(self, call, result):
         """Queues `call` on the worker thread, after every call queued before; returns a

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
-from . import _C
+from . import _C, waiting
 from .buffers import cpu_array
 from .communicator import Communicator
 from .rendezvous import Rendezvous
@@ -140,6 +140,8 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         self._group_desc = desc
 
     def abort(self):
+        # Abort first: close() waits for queued work, which may be waiting for a stalled peer.
+        self.communicator.abort("the process group was aborted")
         self.communicator.close()
 
     def shutdown(self):
@@ -369,7 +371,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         wait() raises what `body` raised; a later synchronous call runs after it."""
         result = tensors if result is None else result
         if opts is not None and opts.asyncOp and tensors and not tensors[0].is_cuda:
-            return _FutureWork(self.communicator._submit(body, result))
+            return _FutureWork(self.communicator._submit(body, result), self.communicator.abort)
         body()
         return _finish(opts, result)
 
@@ -393,11 +395,11 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
                 future.set_exception(error)
 
         self._p2p_last[kind] = self._p2p_threads[kind].submit(task)
-        return _FutureWork(future, source)
+        return _FutureWork(future, self.communicator.abort, source)
 
     def _drain_p2p(self):
         for pending in self._p2p_last.values():
-            pending.result()
+            waiting.wait(pending, self.communicator.abort)
 
     def _check_list(self, tensors, like, call, what):
         if len(tensors) != self._world_size:
@@ -411,16 +413,18 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
 
 
 class _FutureWork(dist._Work):
-    """The Work of a send or receive run on a thread: wait() raises what the call raised (a
-    Work made by torch from a Future returns True from wait() even then), and a completed
-    receive from any source knows its sender's rank."""
+    """The Work of a call run on another thread (the worker, a send or receive thread): wait()
+    raises what the call raised (a Work made by torch from a Future returns True from wait()
+    even then) and, interrupted by Ctrl-C, aborts the communicator (ringcomm.waiting); a
+    completed receive from any source knows its sender's rank."""
 
-    def __init__(self, future, source=None):
+    def __init__(self, future, abort, source=None):
         super().__init__()
-        self._future, self._source = future, source
+        self._future, self._abort, self._source = future, abort, source
+        self._cpp_future = None  # get_future's
 
     def wait(self, timeout=None):
-        self._future.wait()  # raises the call's exception
+        waiting.wait(self._future, self._abort)  # raises the call's exception
         return True
 
     def is_completed(self):
@@ -436,7 +440,14 @@ class _FutureWork(dist._Work):
             return False
 
     def get_future(self):
-        return self._future
+        # A Future completed from Python with set_exception holds the exception as its value
+        # (Python's wait() raises it): a C++ consumer such as DDP's reducer would take it for
+        # the result (and crash reading tensors out of it). An exception raised in a then()
+        # callback is a C++ error instead, which every consumer sees (as a RuntimeError naming
+        # the original).
+        if self._cpp_future is None:
+            self._cpp_future = self._future.then(lambda done: done.wait())
+        return self._cpp_future
 
     def _source_rank(self):
         if not self._source:

@@ -1,10 +1,13 @@
 """Rendezvous through torch.distributed's Store: ranks publish and read small values
-(shared-memory names, NCCL unique ids) under a prefix unique to one communicator."""
+(shared-memory names, NCCL unique ids) under a prefix unique to one communicator and to one
+set-up of it (ringcomm.epochs: a store may hold what an earlier attempt of the job left)."""
 import datetime
 import itertools
 from collections import defaultdict
 
 import torch.distributed as dist
+
+from . import epochs
 
 # Communicators built in the same order on every rank get the same number, so their store keys
 # match without any extra exchange (the way torch names process groups).
@@ -42,21 +45,31 @@ class Rendezvous:
         self._setup(dist.distributed_c10d._get_default_store(), name, rank, world_size, timeout)
 
     @classmethod
-    def from_store(cls, store, rank, world_size, timeout=None, name="store"):
+    def from_store(cls, store, rank, world_size, timeout=None, name="store", number=None):
         """Every rank passes the same store (or stores that share keys) and name; communicators
-        built on one store in the same order on every rank get matching keys."""
+        built on one store in the same order on every rank get matching keys. `number`: this
+        communicator's number among those named `name` (default: counted by this process,
+        which is right when every rank is a process; ranks that are threads of one process
+        pass it)."""
         if not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be a positive int, got {world_size!r}")
         if not isinstance(rank, int) or not 0 <= rank < world_size:
             raise ValueError(f"rank={rank!r} is not a rank of a {world_size}-rank world")
         self = cls.__new__(cls)
-        self._setup(store, name, rank, world_size, timeout)
+        self._setup(store, name, rank, world_size, timeout, number)
         return self
 
-    def _setup(self, store, name, rank, world_size, timeout):
+    def _setup(self, store, name, rank, world_size, timeout, number=None):
         self.rank, self.world_size = rank, world_size
         self.timeout = timeout_seconds(timeout)
-        self.store = dist.PrefixStore(f"ringcomm/{name}/{next(_instances[name])}/", store)
+        attempt = epochs.attempt()
+        if number is None:
+            number = next(_instances[name])
+        self.store = dist.PrefixStore(f"ringcomm/{name}/{attempt}/{number}/", store)
+        if world_size > 1:  # here, where every rank takes part, not at its first key
+            what = f"ringcomm communicator {name} #{number} (attempt {attempt})"
+            epoch = epochs.agree(self.store, rank, world_size, self.timeout, what)
+            self.store = dist.PrefixStore(f"{epoch}/", self.store)
 
     def _wait(self, keys, what):
         try:

@@ -1,6 +1,8 @@
 """Work: the handle an ``async_op=True`` collective returns, as in torch.distributed."""
 import torch
 
+from . import waiting
+
 
 class Work:
     """Completion of one collective.
@@ -12,12 +14,18 @@ class Work:
         work.wait()              # t holds the result (CUDA: ordered on the current stream)
     """
 
-    def __init__(self, future):
-        self._future = future
+    def __init__(self, future, abort=None):
+        """`abort(why)`: what stops the call if the wait is interrupted (the communicator's
+        :meth:`~ringcomm.Communicator.abort`); None for a Work that is already complete."""
+        self._future, self._abort = future, abort
 
     def wait(self, timeout=None):
-        """Blocks until done (CPU) or orders the current stream after it (CUDA); raises its error."""
-        self._future.wait()
+        """Blocks until done (CPU) or orders the current stream after it (CUDA); raises its error.
+        Ctrl-C while it blocks aborts the communicator (see :mod:`ringcomm.waiting`)."""
+        if self._abort is None:
+            self._future.wait()
+        else:
+            waiting.wait(self._future, self._abort)
         return True
 
     def is_completed(self):

@@ -7,6 +7,8 @@ import pytest
 # module lives beside the tests.
 sys.path.insert(0, os.path.dirname(__file__))
 
+from shm_leaks import nothing_left_in_dev_shm  # noqa: E402,F401  (a fixture for every test file)
+
 
 def _cuda_ready():
     try:

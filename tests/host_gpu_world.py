@@ -77,9 +77,10 @@ def run_ranks(world, body, timeout=20.0, join_timeout=120.0, **comm_options):
 
     def rank_main(rank):
         try:
-            # Rendezvous numbers communicators per process; threads share one: one prefix here.
-            rendezvous = Rendezvous.from_store(store, rank, world, timeout, name=f"thread-{rank}")
-            rendezvous.store = dist.PrefixStore("world/", store)
+            # Rendezvous numbers communicators per process, and these ranks share one: each
+            # run has a store of its own, and its one communicator is number 0.
+            rendezvous = Rendezvous.from_store(store, rank, world, timeout, name="threads",
+                                               number=0)
             comm = ringcomm.Communicator(rendezvous, **comm_options)
             try:
                 results[rank] = body(comm)

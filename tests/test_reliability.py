@@ -16,24 +16,9 @@ import torch.distributed as dist
 import launcher
 import ringcomm
 from launcher import launch
+from shm_leaks import created_by, shm_entries
 
-
-def shm_entries():
-    return sorted(e for e in os.listdir("/dev/shm") if e.startswith("ringcomm"))
-
-
-def created_by(entries, pids):
-    """The entries whose creator (the pid in "ringcomm-<pid>-r<rank>-...") is one of `pids`:
-    other test runs on the machine may hold segments of their own meanwhile."""
-    return [e for e in entries if int(e.split("-")[1]) in pids]
-
-
-@pytest.fixture(autouse=True)
-def nothing_left_in_dev_shm():
-    first = len(launcher.started_pids)
-    yield
-    ours = set(launcher.started_pids[first:]) | {os.getpid()}
-    assert created_by(shm_entries(), ours) == [], "ringcomm left shared-memory segments behind"
+pytestmark = pytest.mark.usefixtures("nothing_left_in_dev_shm")
 
 
 # -- deadlines -----------------------------------------------------------------------------------

@@ -33,6 +33,11 @@ void Communicator::setSliceBytes(size_t bytes) {
 
 void Communicator::checkUsable() const {
   RC_CHECK(!closed_, "this ringcomm communicator is closed");
+  if (aborted_.load(std::memory_order_relaxed)) {
+    std::lock_guard<std::mutex> lock(abortMutex_);
+    RC_THROW_AS(PeerError, "this ringcomm communicator was aborted and cannot be used again (",
+                abortReason_, "); create a new one");
+  }
   if (!failure_.empty())
     RC_THROW_AS(PeerError, "this ringcomm communicator failed earlier and cannot be used again (",
                 failure_, "); create a new one");
@@ -193,7 +198,23 @@ void Communicator::run(const CollectiveRequest& r) {
   });
 }
 
+std::string Communicator::failure() const {
+  if (!failure_.empty() || !aborted_.load()) return failure_;
+  std::lock_guard<std::mutex> lock(abortMutex_);
+  return abortReason_;
+}
+
+void Communicator::abort(const std::string& why) {
+  std::lock_guard<std::mutex> lock(abortMutex_);
+  if (!aborted_.exchange(true)) abortReason_ = why;
+  // Transports' aborts are safe beside their data path: shared memory sets flags peers and
+  // this rank's waits check, NCCL's takes its own mutex.
+  if (links_) links_->abort(why);
+  if (transport_) transport_->abort(why);
+}
+
 void Communicator::close() {
+  std::lock_guard<std::mutex> lock(abortMutex_);
   closed_ = true;
   transport_.reset();  // unmaps shared memory, destroys NCCL communicators
   links_.reset();

@@ -54,6 +54,7 @@ struct Communicator::PairMessage {
 
 void Communicator::setPeerLinks(std::shared_ptr<Transport> links) {
   RC_CHECK(links != nullptr, "setPeerLinks needs a transport");
+  std::lock_guard<std::mutex> lock(abortMutex_);  // abort() may read links_ meanwhile
   links_ = std::move(links);
   sent_.assign(worldSize_, 0);
   received_.assign(worldSize_, 0);

@@ -32,6 +32,28 @@ std::string uniqueName(int ownerRank) {
                         random());
 }
 
+// The creator's pid in one of uniqueName's names, with or without the leading '/'; 0 for
+// another name.
+pid_t creatorOf(const std::string& name) {
+  const size_t start = name.compare(0, 1, "/") == 0 ? 1 : 0;
+  if (name.compare(start, sizeof(kPrefix) - 1, kPrefix) != 0) return 0;
+  char* end = nullptr;
+  const long pid = std::strtol(name.c_str() + start + sizeof(kPrefix) - 1, &end, 10);
+  return pid > 0 && end != nullptr && *end == '-' ? static_cast<pid_t>(pid) : 0;
+}
+
+// What became of a peer's segment that is not there, for the error: its creator removed it
+// (closing, or after a failed set-up) or exited. Ranks that see different /dev/shm mounts are
+// told so before anything is attached (the Python set-up compares where each rank runs).
+std::string whyMissing(const std::string& name) {
+  const pid_t pid = creatorOf(name);
+  if (pid == 0) return "";
+  if (kill(pid, 0) == 0 || errno != ESRCH)
+    return detail::concat(" (its creator, process ", pid,
+                          ", is running: it removed the segment, closing or giving up set-up)");
+  return detail::concat(" (its creator, process ", pid, ", has exited and the segment with it)");
+}
+
 }  // namespace
 
 size_t ShmSegment::removeStale(const std::string& folder, double minAgeSeconds) {
@@ -42,10 +64,9 @@ size_t ShmSegment::removeStale(const std::string& folder, double minAgeSeconds) 
   while (const dirent* entry = readdir(dir)) {
     const std::string name = entry->d_name;
     if (name.compare(0, sizeof(kPrefix) - 1, kPrefix) != 0) continue;
-    char* end = nullptr;
-    const long pid = std::strtol(name.c_str() + sizeof(kPrefix) - 1, &end, 10);
-    if (pid <= 0 || end == nullptr || *end != '-') continue;  // not one of uniqueName's
-    if (kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // its creator lives
+    const pid_t pid = creatorOf(name);
+    if (pid == 0) continue;                             // not one of uniqueName's
+    if (kill(pid, 0) == 0 || errno != ESRCH) continue;  // its creator lives
     struct stat st {};
     if (stat((folder + "/" + name).c_str(), &st) != 0) continue;
     if (difftime(now, st.st_mtime) < minAgeSeconds) continue;  // maybe another PID namespace's
@@ -87,8 +108,11 @@ ShmSegment ShmSegment::attach(const std::string& name, const char* what) {
   ShmSegment segment;
   segment.name_ = name;
   int fd = shm_open(name.c_str(), O_RDWR, 0600);
-  RC_CHECK(fd >= 0, "cannot open the ", what, " ", name, " of another rank: ",
-           std::strerror(errno), " (ranks must run on one host)");
+  if (fd < 0) {
+    const int err = errno;
+    RC_THROW("cannot open the ", what, " ", name, " of another rank: ", std::strerror(err),
+             err == ENOENT ? whyMissing(name) : "");
+  }
   struct stat info {};
   fstat(fd, &info);
   segment.bytes_ = static_cast<size_t>(info.st_size);

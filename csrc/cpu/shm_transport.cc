@@ -41,8 +41,12 @@ void ShmTransport::connect(const std::vector<std::string>& names) {
     const size_t split = names[r].find(kNameSeparator);
     RC_CHECK(split != std::string::npos, "connect: rank ", r, "'s name '", names[r],
              "' names no publication board");
-    channels_[r] = ShmChannel::attach(names[r].substr(0, split));
-    boards_[r] = ShmBoard::attach(names[r].substr(split + 1));
+    try {
+      channels_[r] = ShmChannel::attach(names[r].substr(0, split));
+      boards_[r] = ShmBoard::attach(names[r].substr(split + 1));
+    } catch (const Error& e) {
+      rethrowWithPrefix(e, detail::concat("connecting to rank ", r, ": "));
+    }
     others_.push_back(Peer{r, channels_[r].senderPid()});
   }
   incoming().claimReceiver();

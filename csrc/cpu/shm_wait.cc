@@ -92,4 +92,9 @@ void throwWaitTimeout(const WaitPolicy& policy, const WaitTarget& target) {
               target.awaited.rank, " to ", target.what);
 }
 
+void throwInterrupted(const WaitTarget& target) {
+  RC_THROW_AS(InterruptedError, "interrupted by a signal while waiting for rank ",
+              target.awaited.rank, " to ", target.what);
+}
+
 }  // namespace ringcomm

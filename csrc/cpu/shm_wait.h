@@ -1,11 +1,11 @@
 // How a rank waits on a word in shared memory that another process moves: spin for a few tens of
 // microseconds (the peer runs on another core and answers within them), then yield (the peer may
 // need this core: with more ranks than cores that is the common case), then sleep on the futex in
-// short slices, checking the deadline, an abort flag and whether the awaited process still
-// exists. A yield that hands the core to another process for a scheduler slice (a busy machine:
-// milliseconds) turns yielding off for this process for a while: then waiters sleep at once,
-// which lets the kernel run them as soon as they are woken (docs/design.md). Used by ring
-// channels and publication boards alike.
+// short slices, checking the deadline, an abort flag, whether the awaited process still exists
+// and whether this process was asked to stop (ringcomm/interrupt.h: Ctrl-C). A yield that hands
+// the core to another process for a scheduler slice (a busy machine: milliseconds) turns yielding
+// off for this process for a while: then waiters sleep at once, which lets the kernel run them
+// as soon as they are woken (docs/design.md). Used by ring channels and publication boards alike.
 #pragma once
 
 #include <sched.h>
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "ringcomm/error.h"
+#include "ringcomm/interrupt.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -71,6 +72,7 @@ void futexWakeAll(std::atomic<uint32_t>& word);
 // Raises PeerError if the awaited or a watched process has died.
 void checkAlive(const WaitTarget& target);
 [[noreturn]] void throwWaitTimeout(const WaitPolicy& policy, const WaitTarget& target);
+[[noreturn]] void throwInterrupted(const WaitTarget& target);
 
 // Whether sched_yield lately lost this process its core for scheduler slices (another process
 // ran out its slice) often enough that waiters should sleep instead; noteYield says how long one
@@ -91,7 +93,8 @@ inline void wakeSleepers(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sle
 
 // Waits until ready(). `word` changes whenever ready() may have become true (see wakeSleepers);
 // `sleepers` counts the processes asleep on it. `checkAbort` raises when the transport was
-// aborted; `watch` (called now and then once the wait is slow) may raise too.
+// aborted; `watch` (called now and then once the wait is slow) may raise too. Every futex slice
+// (sleepMillis, or sooner when a signal lands on this thread) asks interruptRequested().
 template <typename Ready, typename CheckAbort, typename Watch>
 void waitUntil(Ready ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleepers,
                const WaitPolicy& policy, const WaitTarget& target, CheckAbort checkAbort,
@@ -135,6 +138,7 @@ void waitUntil(Ready ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& 
     sleepers.fetch_sub(1, std::memory_order_relaxed);
     if (done) return finished(WaitStats::kSleeping);
     checkAbort();
+    if (interruptRequested()) throwInterrupted(target);
     if ((round & 3) == 3) {
       checkAlive(target);
       watch();

@@ -3,10 +3,12 @@
 // decide where bytes live. After any failure it refuses further use (peers may be mid-step).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -63,7 +65,8 @@ class Communicator {
   // What the ring's transport and the point-to-point links moved, summed (Transport::traffic).
   TrafficStats traffic() const;
   void resetTraffic();
-  const std::string& failure() const { return failure_; }
+  // Why it failed or was aborted; empty while it is usable.
+  std::string failure() const;
 
   // Runs one collective. A bad request raises before anything is sent and leaves the
   // communicator usable; a failure while running poisons it (peers may be mid-step).
@@ -90,6 +93,11 @@ class Communicator {
 
   void setSliceBytes(size_t bytes);
   size_t sliceBytes() const { return options_.sliceBytes; }
+  // Makes every wait of this communicator, on any thread, and every peer's fail promptly (peers
+  // get a PeerError naming this rank and `why`), and this communicator refuse further use.
+  // Unlike the rest, callable while another thread runs a collective: a Python thread that
+  // waits for the worker running one and is interrupted (Ctrl-C) stops it this way.
+  void abort(const std::string& why);
   void close();
 
  private:
@@ -122,6 +130,11 @@ class Communicator {
   uint64_t sequence_ = 0;
   bool closed_ = false;
   std::string failure_;
+  std::atomic<bool> aborted_{false};
+  // Guards abortReason_, and transport_ and links_ against close() while abort() reads them
+  // (the data path, on the one thread that runs collectives, needs no lock).
+  mutable std::mutex abortMutex_;
+  std::string abortReason_;
   std::shared_ptr<Transport> links_;
   std::vector<uint64_t> sent_, received_;  // messages per peer: their envelopes' sequence
 };

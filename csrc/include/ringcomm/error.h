@@ -37,6 +37,13 @@ class RefusedError : public Error {
   using Error::Error;
 };
 
+// A wait given up because the process was asked to stop: a signal arrived (Ctrl-C) and the
+// handler the embedding layer runs for it raised (see interrupt.h).
+class InterruptedError : public Error {
+ public:
+  using Error::Error;
+};
+
 // Rethrows `e` as the same kind of error with `prefix` in front of its message.
 [[noreturn]] inline void rethrowWithPrefix(const Error& e, const std::string& prefix) {
   const std::string message = prefix + e.what();
@@ -44,6 +51,7 @@ class RefusedError : public Error {
   if (dynamic_cast<const MismatchError*>(&e)) throw MismatchError(message);
   if (dynamic_cast<const PeerError*>(&e)) throw PeerError(message);
   if (dynamic_cast<const RefusedError*>(&e)) throw RefusedError(message);
+  if (dynamic_cast<const InterruptedError*>(&e)) throw InterruptedError(message);
   throw Error(message);
 }
 
