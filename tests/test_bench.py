@@ -283,3 +283,14 @@ def test_analysis_of_records_picks_the_fastest_and_ratios():
     assert result["rows"][1]["vs_gloo"]["ring"] == 0.05
     assert result["thresholds"] == {"one_shot": 8}
     assert [v["size"] for v in result["selector_violations"]] == [1 << 20]
+
+
+@pytest.mark.skipif(not _C.build_info()["cuda"], reason="built without CUDA")
+@pytest.mark.parametrize("world,mib,groups", [(2, 1, 2), (3, 6, 8)])
+def test_gpu_host_calls_counts_one_group_per_step_and_slice(world, mib, groups):
+    """2(n-1) steps; 6 MiB at 3 ranks is 2 MiB chunks: two 1 MiB slices a step."""
+    import gpu_host_calls
+
+    counts = gpu_host_calls.counts_per_call(world, mib, slice_mib=1 if world == 3 else 4)
+    assert counts["ncclGroupEnd"] == groups
+    assert counts["kernel launches"] == groups // 2  # one reduce per reduce-scatter slice

@@ -1,0 +1,79 @@
+"""Host calls per all_reduce on the CUDA path: how many NCCL groups (each ncclGroupEnd of a
+non-blocking communicator starts a thread in NCCL), kernel launches and CUDA/NCCL calls one
+all_reduce makes in steady state (the same buffers again, as DDP's buckets), per rank. Counted
+by running the NcclTransport and CudaReducer that ship over the host implementation of CUDA and
+NCCL (ranks as threads, kernels executed on the CPU), so it needs no GPU; the lease's
+bench/gpu_allreduce.py measures what these calls cost in microseconds.
+
+    python bench/gpu_host_calls.py --world 2 8 --mib 1 16 256 --slice-mib 4
+"""
+import argparse
+import threading
+
+import torch
+
+from ringcomm import _C
+
+host_gpu = _C.testing.host_gpu
+
+
+def counts_per_call(world, mib, slice_mib, calls=2):
+    """{call name: count} per rank and all_reduce, after one warm-up call."""
+    uid, slice_bytes = host_gpu.unique_id(), slice_mib << 20
+    count = (mib << 20) // 4
+    barrier, errors, counted = threading.Barrier(world), [], {}
+
+    def rank_main(rank):
+        try:
+            ring = host_gpu.Ring(rank, world, uid, slice_bytes=slice_bytes, slots=8, timeout=300)
+            comm = _C.Communicator(rank, world, ring.transport, ring.reducer, slice_bytes)
+            buf = torch.ones(count)
+            request = _C.CollectiveRequest(_C.Primitive.all_reduce, buf.data_ptr(), 0, count,
+                                           _C.DataType.float32, _C.RedOp.sum)
+            comm.run(request)  # warm-up: NCCL connects, kernels' sizing is cached
+            host_gpu.synchronize_caller()
+            if barrier.wait() == 0:
+                host_gpu.reset()
+            barrier.wait()
+            for _ in range(calls):
+                comm.run(request)
+            host_gpu.synchronize_caller()
+            if barrier.wait() == 0:
+                counted.update(host_gpu.calls())
+                counted["kernel launches"] = host_gpu.grid_stats()["launches"]
+            barrier.wait()
+            comm.close()
+        except Exception as error:  # reported below
+            errors.append(error)
+            barrier.abort()
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return {name: n / (world * calls) for name, n in counted.items()}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--world", type=int, nargs="+", default=[2, 8])
+    parser.add_argument("--mib", type=int, nargs="+", default=[1, 16, 256])
+    parser.add_argument("--slice-mib", type=int, default=4, help="cuda_slice_bytes in MiB")
+    args = parser.parse_args()
+    print(f"{'world':>5} {'MiB':>5} {'groups':>7} {'kernels':>8} {'event ops':>10} "
+          f"{'CUDA+NCCL calls':>16}   (per rank and all_reduce, slice {args.slice_mib} MiB)")
+    for world in args.world:
+        for mib in args.mib:
+            c = counts_per_call(world, mib, args.slice_mib)
+            events = sum(v for k, v in c.items() if k.startswith(("cudaEventRecord",
+                                                                   "cudaStreamWaitEvent")))
+            calls = sum(v for k, v in c.items() if k.startswith(("cuda", "nccl")))
+            print(f"{world:>5} {mib:>5} {c.get('ncclGroupEnd', 0):>7.0f} "
+                  f"{c['kernel launches']:>8.0f} {events:>10.0f} {calls:>16.0f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
