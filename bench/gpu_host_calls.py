@@ -5,7 +5,7 @@ by running the NcclTransport and CudaReducer that ship over the host implementat
 NCCL (ranks as threads, kernels executed on the CPU), so it needs no GPU; the lease's
 bench/gpu_allreduce.py measures what these calls cost in microseconds.
 
-    python bench/gpu_host_calls.py --world 2 8 --mib 1 16 256 --slice-mib 4
+    python bench/gpu_host_calls.py --world 2 8 --mib 1 16 256 --slice-mib 4 [--no-cuda-graphs]
 """
 import argparse
 import threading
@@ -15,22 +15,28 @@ import torch
 from ringcomm import _C
 
 host_gpu = _C.testing.host_gpu
+# Left out of the call count: the watchdog's polls (as many as time allows, on its own thread;
+# a NotReady poll's cudaGetLastError too) and this script's own synchronize.
+POLLS = {"cudaEventQuery", "ncclCommGetAsyncError", "cudaGetLastError", "cudaStreamSynchronize"}
 
 
-def counts_per_call(world, mib, slice_mib, calls=2):
-    """{call name: count} per rank and all_reduce, after one warm-up call."""
+def counts_per_call(world, mib, slice_mib, calls=2, cuda_graphs=True):
+    """{call name: count} per rank and all_reduce in steady state: after three calls (the first
+    connects, the second is remembered, the third recorded when cuda_graphs is on)."""
     uid, slice_bytes = host_gpu.unique_id(), slice_mib << 20
     count = (mib << 20) // 4
     barrier, errors, counted = threading.Barrier(world), [], {}
 
     def rank_main(rank):
         try:
-            ring = host_gpu.Ring(rank, world, uid, slice_bytes=slice_bytes, slots=8, timeout=300)
+            ring = host_gpu.Ring(rank, world, uid, slice_bytes=slice_bytes, slots=8, timeout=300,
+                                 cuda_graphs=cuda_graphs)
             comm = _C.Communicator(rank, world, ring.transport, ring.reducer, slice_bytes)
             buf = torch.ones(count)
             request = _C.CollectiveRequest(_C.Primitive.all_reduce, buf.data_ptr(), 0, count,
                                            _C.DataType.float32, _C.RedOp.sum)
-            comm.run(request)  # warm-up: NCCL connects, kernels' sizing is cached
+            for _ in range(3):
+                comm.run(request)
             host_gpu.synchronize_caller()
             if barrier.wait() == 0:
                 host_gpu.reset()
@@ -62,17 +68,22 @@ def main():
     parser.add_argument("--world", type=int, nargs="+", default=[2, 8])
     parser.add_argument("--mib", type=int, nargs="+", default=[1, 16, 256])
     parser.add_argument("--slice-mib", type=int, default=4, help="cuda_slice_bytes in MiB")
+    parser.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
+                        help="every call eager (the cuda_graphs option off)")
     args = parser.parse_args()
     print(f"{'world':>5} {'MiB':>5} {'groups':>7} {'kernels':>8} {'event ops':>10} "
-          f"{'CUDA+NCCL calls':>16}   (per rank and all_reduce, slice {args.slice_mib} MiB)")
+          f"{'other calls':>12}   (per rank and all_reduce, slice {args.slice_mib} MiB, "
+          f"cuda_graphs {'on' if args.cuda_graphs else 'off'})")
     for world in args.world:
         for mib in args.mib:
-            c = counts_per_call(world, mib, args.slice_mib)
+            c = counts_per_call(world, mib, args.slice_mib, cuda_graphs=args.cuda_graphs)
             events = sum(v for k, v in c.items() if k.startswith(("cudaEventRecord",
                                                                    "cudaStreamWaitEvent")))
-            calls = sum(v for k, v in c.items() if k.startswith(("cuda", "nccl")))
+            calls = sum(v for k, v in c.items()
+                        if k.startswith(("cuda", "nccl")) and k not in POLLS)
             print(f"{world:>5} {mib:>5} {c.get('ncclGroupEnd', 0):>7.0f} "
-                  f"{c['kernel launches']:>8.0f} {events:>10.0f} {calls:>16.0f}", flush=True)
+                  f"{c['kernel launches']:>8.0f} {events:>10.0f} {calls - events:>12.0f}",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -75,7 +75,7 @@ void bindCuda(py::module_& m) {
       .def(py::init([](int rank, int worldSize, int device, const py::bytes& uniqueId,
                        size_t sliceBytes, int slots, double timeout, const std::string& hint,
                        const std::string& library, int smsForNccl,
-                       size_t publishBytes) {
+                       size_t publishBytes, bool cudaGraphs) {
              CudaRingOptions o;
              o.rank = rank;
              o.worldSize = worldSize;
@@ -88,6 +88,7 @@ void bindCuda(py::module_& m) {
              o.library = library;
              o.smsForNccl = smsForNccl;
              o.publishBytes = publishBytes;
+             o.recordGraphs = cudaGraphs;
              py::gil_scoped_release unlocked;  // NCCL init waits for every rank
              return std::make_shared<CudaRing>(o);
            }),
@@ -95,7 +96,8 @@ void bindCuda(py::module_& m) {
            py::arg("slice_bytes") = 4 << 20, py::arg("slots") = 8, py::arg("timeout") = 600.0,
            py::arg("library_hint") = "", py::arg("library") = "",
            py::arg("nccl_sms") = kSmsForNccl,
-           py::arg("publish_bytes") = CudaRingOptions{}.publishBytes)
+           py::arg("publish_bytes") = CudaRingOptions{}.publishBytes,
+           py::arg("cuda_graphs") = true)
       .def_property_readonly("transport", &CudaRing::transport)
       .def_property_readonly("reducer", &CudaRing::reducer)
       .def("query", &CudaRing::query, release)

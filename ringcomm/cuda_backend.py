@@ -76,7 +76,7 @@ def create(rendezvous, device_index, options, ordinal=0):
     ring = _C.CudaRing(rendezvous.rank, rendezvous.world_size, device_index, unique_id,
                        slice_bytes=slice_bytes, timeout=options.timeout,
                        library_hint=search["hint"], library=search["library"],
-                       nccl_sms=options.nccl_sms)
+                       nccl_sms=options.nccl_sms, cuda_graphs=options.cuda_graphs)
     comm = _C.Communicator(rendezvous.rank, rendezvous.world_size, ring.transport, ring.reducer,
                            slice_bytes)
     comm.set_peer_links(ring.transport)  # sends whole messages from and into user buffers

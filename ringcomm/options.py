@@ -19,6 +19,7 @@ to the backends; nothing reads the environment at import time.
 | check_finite | RINGCOMM_CHECK_FINITE (1) | off |
 | nccl_library | RINGCOMM_NCCL_LIBRARY | ``""``: NCCL already loaded (torch's), else the system's, else the nvidia-nccl-cu13 wheel's; a file or folder here is the only place looked at |
 | nccl_sms | RINGCOMM_NCCL_SMS | 8: SMs the CUDA reduction kernels leave to NCCL's own |
+| cuda_graphs | RINGCOMM_CUDA_GRAPHS (0 turns it off) | on: a CUDA ring collective repeated on the same buffers (DDP's buckets) is recorded as a CUDA graph at its second call and replayed by later ones |
 
 docs/design.md says how slots, slices, waits and thresholds were chosen.
 
@@ -82,6 +83,8 @@ _ENVIRONMENT = {
     "check_finite": ("RINGCOMM_CHECK_FINITE", _flag("1")),
     "nccl_library": ("RINGCOMM_NCCL_LIBRARY", str),
     "nccl_sms": ("RINGCOMM_NCCL_SMS", int),
+    "cuda_graphs": ("RINGCOMM_CUDA_GRAPHS", lambda value: value.strip().lower() not in
+                    ("0", "false", "off")),
 }
 
 
@@ -109,6 +112,7 @@ class _Options:
     check_finite: bool = None  # look for NaN/Inf in every input first
     nccl_library: str = None  # CUDA: NCCL's library file or folder ("": search)
     nccl_sms: int = None  # CUDA: SMs the reduction kernels leave to NCCL
+    cuda_graphs: bool = None  # CUDA: replay repeated ring collectives as recorded graphs
 
     def replace(self, **fields):
         """A copy with the fields given that are not None replaced."""
@@ -138,6 +142,7 @@ class _Options:
             "check_finite": False,
             "nccl_library": "",
             "nccl_sms": 8,
+            "cuda_graphs": True,
         }
         for field, default in defaults.items():
             if values[field] is None:

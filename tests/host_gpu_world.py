@@ -42,7 +42,7 @@ class _Synchronized:
 
 
 @contextlib.contextmanager
-def host_nccl_backend(slice_bytes=256, slots=4, publish_bytes=0, timeout=20.0):
+def host_nccl_backend(slice_bytes=256, slots=4, publish_bytes=0, timeout=20.0, cuda_graphs=True):
     """Serves CPU buffers with the host-GPU ring (NcclTransport) instead of shared memory."""
 
     def create(rendezvous, device_index, options, ordinal=0):
@@ -51,7 +51,7 @@ def host_nccl_backend(slice_bytes=256, slots=4, publish_bytes=0, timeout=20.0):
             rendezvous.publish(key, host_gpu.unique_id())
         ring = host_gpu.Ring(rendezvous.rank, rendezvous.world_size, rendezvous.read(key, 0),
                              slice_bytes=slice_bytes, slots=slots, publish_bytes=publish_bytes,
-                             timeout=timeout)
+                             timeout=timeout, cuda_graphs=cuda_graphs)
         comm = _C.Communicator(rendezvous.rank, rendezvous.world_size, ring.transport,
                                ring.reducer, slice_bytes)
         comm.set_peer_links(ring.transport)

@@ -291,6 +291,9 @@ def test_gpu_host_calls_counts_one_group_per_step_and_slice(world, mib, groups):
     """2(n-1) steps; 6 MiB at 3 ranks is 2 MiB chunks: two 1 MiB slices a step."""
     import gpu_host_calls
 
-    counts = gpu_host_calls.counts_per_call(world, mib, slice_mib=1 if world == 3 else 4)
-    assert counts["ncclGroupEnd"] == groups
-    assert counts["kernel launches"] == groups // 2  # one reduce per reduce-scatter slice
+    slice_mib = 1 if world == 3 else 4
+    eager = gpu_host_calls.counts_per_call(world, mib, slice_mib, cuda_graphs=False)
+    assert eager["ncclGroupEnd"] == groups
+    assert eager["kernel launches"] == groups // 2  # one reduce per reduce-scatter slice
+    replayed = gpu_host_calls.counts_per_call(world, mib, slice_mib)
+    assert replayed.get("ncclGroupEnd", 0) == 0 and replayed["cudaGraphLaunch"] == 1, replayed

@@ -429,3 +429,58 @@ def test_closing_with_a_live_graph_keeps_what_it_replays():
         assert wrong == [0, 0, 0], results
         assert closing < 5.0, f"close() waited {closing:.1f} s (finalize waits for replays)"
     assert host_gpu.violations() == []
+
+
+# -- recorded collectives --------------------------------------------------------------------------
+
+def _repeat_on_the_same_buffers(comm):
+    """An all_reduce on the same buffers again and again (DDP's buckets) is recorded at its
+    second call and replayed by the later ones, interleaved with eager collectives on other
+    buffers and streams: every result exact, in launch order."""
+    core, n, r = _ring(comm), comm.world_size, comm.rank
+    main, side = host_gpu.new_stream(), host_gpu.new_stream()
+    bucket, kept = torch.zeros(3001), []  # kept: fresh buffers never reuse an address
+    f32, f64, add, top = _C.DataType.float32, _C.DataType.float64, _C.RedOp.sum, _C.RedOp.max
+    _warm_up(core)
+    total, wrong = n * (n + 1) // 2, []
+    for round_ in range(6):
+        bucket.fill_(r + 1 + round_)
+        core.run(_C.CollectiveRequest(_C.Primitive.all_reduce, bucket.data_ptr(), 0, 3001, f32,
+                                      add, stream=main))
+        fresh = torch.full((777,), float(r * round_), dtype=torch.float64)  # new buffers
+        core.run(_C.CollectiveRequest(_C.Primitive.all_reduce, fresh.data_ptr(), 0, 777, f64,
+                                      top, stream=side))
+        host_gpu.synchronize_stream(main)
+        host_gpu.synchronize_stream(side)
+        wrong.append((int((bucket != total + n * round_).sum()),
+                      int((fresh != (n - 1) * round_).sum())))
+        kept.append(fresh)
+    return wrong
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_repeated_collectives_replay_a_recorded_graph_exactly(n):
+    host_gpu.set_jitter(200)
+    with host_nccl_backend(slice_bytes=1024, slots=2):
+        results = raise_first(run_ranks(n, _repeat_on_the_same_buffers))
+    assert results == [[(0, 0)] * 6] * n, results
+    # Per rank: round 0 eager (seen once), round 1 recorded and launched, rounds 2-5 launched;
+    # the fresh buffers are never recorded.
+    calls = host_gpu.calls()
+    assert calls["cudaStreamBeginCapture"] == n and calls["cudaGraphLaunch"] == 5 * n, calls
+    assert host_gpu.violations() == []
+
+
+def _groups_per_repeat(comm):
+    core, buf = _ring(comm), torch.ones(5000)
+    request = _C.CollectiveRequest(_C.Primitive.all_reduce, buf.data_ptr(), 0, 5000,
+                                   _C.DataType.float32, _C.RedOp.sum)
+    for _ in range(3):
+        core.run(request)
+    return host_gpu.calls().get("cudaGraphLaunch", 0), float(buf[0])
+
+
+def test_cuda_graphs_off_runs_every_call_eagerly():
+    with host_nccl_backend(slice_bytes=1024, slots=2, cuda_graphs=False):
+        results = raise_first(run_ranks(2, _groups_per_repeat))
+    assert results == [(0, 8.0), (0, 8.0)], results

@@ -191,7 +191,22 @@ void Communicator::run(const CollectiveRequest& r) {
                      resolveAlgorithm(r.algorithm, r.primitive, bytes)});
   const LocalCopy copy = mapBuffers(r, rank_, worldSize_, c);
   prepare(c, r.op, r.type, wireType);
-  collective(r.stream, CallName{primitiveName(r.primitive), c.sequence, true}, [&] {
+  CallName call{primitiveName(r.primitive), c.sequence, true};
+  // A ring plan's device work depends on the request alone: a device transport may record it
+  // and replay it for the same request (the one-hop plans keep per-round host state).
+  ReplayKey key{static_cast<int>(r.primitive), static_cast<int>(r.type), static_cast<int>(r.op),
+                r.root, static_cast<int>(c.plan.request.algorithm), static_cast<int>(wireType),
+                r.output, r.input, r.count};
+  if (c.plan.request.algorithm == Algorithm::Ring && worldSize_ > 1) {
+    call.replay = &key;
+    try {
+      if (transport_->replay(r.stream, call)) return;
+    } catch (const Error& e) {
+      failed(e.what());
+      throw;
+    }
+  }
+  collective(r.stream, call, [&] {
     if (copy.bytes > 0 && copy.to != copy.from)
       reducer_->copy(copy.to, nullptr, copy.from, copy.bytes);
     execute(c);

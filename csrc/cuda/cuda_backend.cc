@@ -106,6 +106,7 @@ CudaRing::CudaRing(const CudaRingOptions& options) {
   t.publishBytes = options.publishBytes;
   t.timeoutSeconds = options.timeoutSeconds;
   t.nccl = {options.library, options.libraryHint};
+  t.recordGraphs = options.recordGraphs;
   transport_ = std::make_shared<NcclTransport>(t);
   reducer_ = std::make_shared<CudaReducer>(options.device, transport_->computeStream(),
                                            options.smsForNccl);

@@ -64,6 +64,7 @@ struct CudaRingOptions {
   std::string library;            // NCCL's library, as the nccl_library option names it
   std::string libraryHint;        // where to look for NCCL last
   int smsForNccl = kSmsForNccl;   // SMs the reduction kernels leave to NCCL's (nccl_sms)
+  bool recordGraphs = true;       // replay repeated ring collectives (cuda_graphs)
 };
 
 // The CUDA half of a ringcomm communicator on one GPU: an NCCL transport (non-blocking NCCL

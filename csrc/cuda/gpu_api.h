@@ -30,7 +30,13 @@
   X(cudaError_t, cudaGetLastError, ())                                        \
   X(const char*, cudaGetErrorName, (cudaError_t))                             \
   X(const char*, cudaGetErrorString, (cudaError_t))                           \
-  X(cudaError_t, cudaThreadExchangeStreamCaptureMode, (cudaStreamCaptureMode*))
+  X(cudaError_t, cudaThreadExchangeStreamCaptureMode, (cudaStreamCaptureMode*))      \
+  X(cudaError_t, cudaStreamBeginCapture, (cudaStream_t, cudaStreamCaptureMode))     \
+  X(cudaError_t, cudaStreamEndCapture, (cudaStream_t, cudaGraph_t*))                \
+  X(cudaError_t, cudaGraphInstantiate, (cudaGraphExec_t*, cudaGraph_t, unsigned long long)) \
+  X(cudaError_t, cudaGraphLaunch, (cudaGraphExec_t, cudaStream_t))                  \
+  X(cudaError_t, cudaGraphExecDestroy, (cudaGraphExec_t))                           \
+  X(cudaError_t, cudaGraphDestroy, (cudaGraph_t))
 
 // X(required, return type, name, parameters). ncclCommInitRankConfig (NCCL 2.14) is required:
 // ringcomm's communicators are non-blocking (see nccl_transport.h).

@@ -75,6 +75,7 @@ void NcclTransport::create() {
 
   RC_GPU(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
   RC_GPU(cudaStreamCreateWithFlags(&commStream_, cudaStreamNonBlocking));
+  RC_GPU(cudaStreamCreateWithFlags(&recordStream_, cudaStreamNonBlocking));
   auto make = [&](std::vector<cudaEvent_t>& events, size_t n) {
     events.assign(n, nullptr);
     for (cudaEvent_t& e : events) RC_GPU(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -141,6 +142,18 @@ void NcclTransport::release() noexcept {
   const bool switched = api_->cudaGetDevice(&previous) == cudaSuccess &&
                         previous != options_.device &&
                         api_->cudaSetDevice(options_.device) == cudaSuccess;
+  if (!recordings_.empty() || recording_) {
+    // Replays still running end first (bounded: a vanished peer must not hold up close()).
+    const auto deadline = Clock::now() + std::chrono::duration<double>(
+                                             std::min(options_.timeoutSeconds, kFinalizeSeconds));
+    try {
+      for (int rounds = 0; !aborted_ && !query() && Clock::now() < deadline; ++rounds)
+        backOff(rounds);
+    } catch (const Error&) {
+      // query() raised: the communicator was aborted; its graphs go all the same.
+    }
+    dropRecordings();
+  }
   ncclResult_t finalizing = ncclInvalidUsage;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -179,7 +192,8 @@ void NcclTransport::release() noexcept {
     if (*e) api_->cudaEventDestroy(*e), *e = nullptr;
   if (compute_) api_->cudaStreamDestroy(compute_);
   if (commStream_) api_->cudaStreamDestroy(commStream_);
-  compute_ = commStream_ = nullptr;
+  if (recordStream_) api_->cudaStreamDestroy(recordStream_);
+  compute_ = commStream_ = recordStream_ = nullptr;
   if (switched) api_->cudaSetDevice(previous);
 }
 
@@ -326,6 +340,13 @@ void NcclTransport::abort(const std::string& why) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     abortLocked(why);
+  }
+  if (recording_) {  // the failure came while recording: end this thread's capture
+    cudaGraph_t partial = nullptr;
+    if (api_->cudaStreamEndCapture(recordStream_, &partial) == cudaSuccess && partial)
+      api_->cudaGraphDestroy(partial);
+    (void)api_->cudaGetLastError();
+    recording_ = false;
   }
   // A collective that failed midway leaves the caller on its own device, as end() would.
   if (inCollective_) {

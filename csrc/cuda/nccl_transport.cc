@@ -33,7 +33,7 @@ void NcclTransport::begin(uintptr_t stream, const CallName& call) {
   caller_ = reinterpret_cast<cudaStream_t>(stream);
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   RC_GPU(cudaStreamIsCapturing(caller_, &status));
-  const bool capturing = status == cudaStreamCaptureStatusActive;
+  bool capturing = status == cudaStreamCaptureStatusActive;
   // First-time work (connecting to peers through NCCL, which allocates and waits for them)
   // cannot be part of a capture: a collective must have run once outside it.
   if (capturing && eagerCollectives_ == 0)
@@ -43,6 +43,16 @@ void NcclTransport::begin(uintptr_t stream, const CallName& call) {
   RC_GPU(cudaGetDevice(&callerDevice_));
   if (callerDevice_ != options_.device) RC_GPU(cudaSetDevice(options_.device));
   inCollective_ = true;
+  if (!capturing && call.replay != nullptr && shouldRecord(*call.replay)) {
+    // Recorded on a stream of its own (this thread's capture only); end() launches the graph
+    // on the caller's stream, so this call runs as every later one will.
+    RC_GPU(cudaStreamBeginCapture(recordStream_, cudaStreamCaptureModeThreadLocal));
+    recording_ = true;
+    recordingKey_ = *call.replay;
+    recordingFor_ = caller_;
+    caller_ = recordStream_;
+    capturing = true;
+  }
   if (capturing || capturing_) {
     // Events recorded inside a capture cannot be waited on outside it, nor the reverse: slot
     // reuse across that boundary is ordered by the timeline event instead.
@@ -282,30 +292,96 @@ void NcclTransport::end() {
   RC_GPU(cudaEventRecord(commAll_, commStream_));
   RC_GPU(cudaStreamWaitEvent(compute_, commAll_, 0));
   if (capturing_) {
-    ++capturedCollectives_;
+    if (!recording_) ++capturedCollectives_;
     // The caller's stream joins the capture's streams back (an event of the capture), then at
     // each replay moves the timeline on (an external record; see begin).
     RC_GPU(cudaEventRecord(done_, compute_));
     RC_GPU(cudaStreamWaitEvent(caller_, done_, 0));
     RC_GPU(cudaEventRecordWithFlags(timeline_, caller_, cudaEventRecordExternal));
+    if (recording_) finishRecording();
   } else {
     ++eagerCollectives_;
     RC_GPU(cudaEventRecord(timeline_, compute_));
     RC_GPU(cudaStreamWaitEvent(caller_, timeline_, 0));
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (inflight_.size() < inflightEvents_.size()) {
-      // Entries hold consecutive events of the ring, so the one after the newest is free.
-      const int event = static_cast<int>(inflightRecorded_++ % inflightEvents_.size());
-      RC_GPU(cudaEventRecord(inflightEvents_[event], compute_));
-      inflight_.push_back(Inflight{event, call_, Clock::now()});
-    } else {
-      // Many collectives queued: the newest entry now stands for this one too.
-      RC_GPU(cudaEventRecord(inflightEvents_[inflight_.back().event], compute_));
-      inflight_.back().call = call_;
-    }
+    noteInflight(compute_);
   }
   inCollective_ = false;
   if (callerDevice_ != options_.device) RC_GPU(cudaSetDevice(callerDevice_));
+}
+
+void NcclTransport::noteInflight(cudaStream_t after) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (inflight_.size() < inflightEvents_.size()) {
+    // Entries hold consecutive events of the ring, so the one after the newest is free.
+    const int event = static_cast<int>(inflightRecorded_++ % inflightEvents_.size());
+    RC_GPU(cudaEventRecord(inflightEvents_[event], after));
+    inflight_.push_back(Inflight{event, call_, Clock::now()});
+  } else {
+    // Many collectives queued: the newest entry now stands for this one too.
+    RC_GPU(cudaEventRecord(inflightEvents_[inflight_.back().event], after));
+    inflight_.back().call = call_;
+  }
+}
+
+// -- recorded collectives -------------------------------------------------------------------------
+
+bool NcclTransport::shouldRecord(const ReplayKey& key) {
+  if (!options_.recordGraphs || eagerCollectives_ == 0 || recordings_.size() >= kMaxRecordings)
+    return false;
+  if (seenOnce_.erase(key) > 0) return true;
+  if (seenOnce_.size() >= kMaxSeen) seenOnce_.clear();  // buffers that never come back
+  seenOnce_.insert(key);
+  return false;
+}
+
+void NcclTransport::finishRecording() {
+  recording_ = false;
+  caller_ = recordingFor_;
+  Recording r;
+  RC_GPU(cudaStreamEndCapture(recordStream_, &r.graph));
+  const cudaError_t made = api_->cudaGraphInstantiate(&r.exec, r.graph, 0);
+  if (made != cudaSuccess) {
+    api_->cudaGraphDestroy(r.graph);
+    failCuda(made, "cudaGraphInstantiate");
+  }
+  recordings_[recordingKey_] = r;
+  RC_GPU(cudaGraphLaunch(r.exec, caller_));
+  noteInflight(caller_);
+}
+
+bool NcclTransport::replay(uintptr_t stream, const CallName& call) {
+  if (call.replay == nullptr || recordings_.empty()) return false;
+  const auto it = recordings_.find(*call.replay);
+  if (it == recordings_.end()) return false;
+  checkUsable();
+  const auto caller = reinterpret_cast<cudaStream_t>(stream);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  RC_GPU(cudaStreamIsCapturing(caller, &status));
+  if (status == cudaStreamCaptureStatusActive) return false;  // the caller's capture: run it
+  call_ = call;
+  int previous = -1;
+  RC_GPU(cudaGetDevice(&previous));
+  if (previous != options_.device) RC_GPU(cudaSetDevice(options_.device));
+  RC_GPU(cudaGraphLaunch(it->second.exec, caller));
+  noteInflight(caller);
+  if (previous != options_.device) RC_GPU(cudaSetDevice(previous));
+  return true;
+}
+
+// Before NCCL is finalized: its captured operations hold resources until their graph goes.
+void NcclTransport::dropRecordings() noexcept {
+  if (recording_) {  // a recording cut short by a failure
+    cudaGraph_t partial = nullptr;
+    if (api_->cudaStreamEndCapture(recordStream_, &partial) == cudaSuccess && partial)
+      api_->cudaGraphDestroy(partial);
+    (void)api_->cudaGetLastError();
+    recording_ = false;
+  }
+  for (auto& [key, r] : recordings_) {
+    api_->cudaGraphExecDestroy(r.exec);
+    api_->cudaGraphDestroy(r.graph);
+  }
+  recordings_.clear();
 }
 
 }  // namespace ringcomm

@@ -30,7 +30,9 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -53,6 +55,9 @@ struct NcclTransportOptions {
   // Costs (2 x worldSize + 2) x publishBytes of device memory, allocated once.
   size_t publishBytes = 0;
   double timeoutSeconds = 600.0;  // init, each NCCL call, each collective
+  // A ring collective requested again on the same buffers is recorded as a CUDA graph, which
+  // later calls launch: one launch instead of every step's NCCL group and kernel.
+  bool recordGraphs = true;
   NcclSearch nccl;                // where loadGpuApi looks for NCCL
   const GpuApi* api = nullptr;    // the CUDA and NCCL functions (null: loadGpuApi(nccl))
 };
@@ -89,6 +94,7 @@ class NcclTransport : public Transport {
   }
   void begin(uintptr_t stream, const CallName& call) override;
   void end() override;
+  bool replay(uintptr_t stream, const CallName& call) override;
 
   // Whether every collective enqueued outside graph capture has finished; raises on an NCCL
   // error or after the watchdog aborted. Captured collectives finish when their graph replays,
@@ -128,6 +134,10 @@ class NcclTransport : public Transport {
   // `what()` is only called to describe a failure.
   void awaitNccl(const std::function<std::string()>& what, double limitSeconds);
   void flush();
+  bool shouldRecord(const ReplayKey& key);
+  void finishRecording();
+  void dropRecordings() noexcept;
+  void noteInflight(cudaStream_t after);  // the watchdog watches what `after` holds now
   void queueSend(const QueuedSend& send);
   void watch();
   bool pollInflightLocked();
@@ -170,7 +180,20 @@ class NcclTransport : public Transport {
   int stagedSlot_ = -1;
   uint64_t sendCount_ = 0, recvCount_ = 0;
   std::vector<bool> connected_;  // per peer: an exchange with it has completed (NCCL connected)
-  uint64_t eagerCollectives_ = 0, capturedCollectives_ = 0;
+  uint64_t eagerCollectives_ = 0, capturedCollectives_ = 0;  // the latter: the caller's captures
+
+  // Graphs of repeated collectives (recordGraphs): a key seen once is recorded when it comes
+  // again, on recordStream_, then launched on the caller's stream.
+  struct Recording {
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+  };
+  static constexpr size_t kMaxRecordings = 64, kMaxSeen = 256;
+  std::map<ReplayKey, Recording> recordings_;
+  std::set<ReplayKey> seenOnce_;
+  cudaStream_t recordStream_ = nullptr, recordingFor_ = nullptr;
+  bool recording_ = false;
+  ReplayKey recordingKey_;
   int heldRecvSlot_ = -1;
 
   // Eager collectives still running: the watchdog gives each the whole timeout from the moment

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace ringcomm {
@@ -58,10 +59,26 @@ struct TrafficStats {
 
 // What a bracketed call is, for messages: "all_reduce" and its sequence number ("all_reduce #3"),
 // or a point-to-point call's name ("send"). `name` is a string literal.
+// A collective a device transport may record once and replay (every field of its request but
+// the stream): the same key means the same device work on the same buffers.
+struct ReplayKey {
+  int primitive = 0, type = 0, op = 0, root = 0, algorithm = 0, wireType = -1;
+  const void* output = nullptr;
+  const void* input = nullptr;
+  size_t count = 0;
+
+  bool operator<(const ReplayKey& o) const {
+    return std::tie(primitive, type, op, root, algorithm, wireType, output, input, count) <
+           std::tie(o.primitive, o.type, o.op, o.root, o.algorithm, o.wireType, o.output,
+                    o.input, o.count);
+  }
+};
+
 struct CallName {
   const char* name = "a call";
   uint64_t sequence = 0;
   bool numbered = false;
+  const ReplayKey* replay = nullptr;  // set when the collective may be recorded and replayed
 };
 
 class Transport {
@@ -104,6 +121,12 @@ class Transport {
   // that succeeded; after a failure the communicator calls abort() instead.
   virtual void begin(uintptr_t stream, const CallName& call) { (void)stream, (void)call; }
   virtual void end() {}
+  // Launches a recording of `call` (call.replay: what begin() may record) on `stream` instead of
+  // running it, when the transport has one: true then, and the collective needs no executor.
+  virtual bool replay(uintptr_t stream, const CallName& call) {
+    (void)stream, (void)call;
+    return false;
+  }
 
   // Copy-only steps without staging: a transport that can send from and receive into the
   // caller's buffers (NCCL on device memory) returns true, and the executor then moves steps

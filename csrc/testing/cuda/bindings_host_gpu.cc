@@ -101,7 +101,7 @@ void bindHostGpu(py::module_& testing) {
   auto release = py::call_guard<py::gil_scoped_release>();
   py::class_<HostGpuRing, std::shared_ptr<HostGpuRing>>(m, "Ring")
       .def(py::init([](int rank, int worldSize, const py::bytes& uniqueId, size_t sliceBytes,
-                       int slots, size_t publishBytes, double timeout) {
+                       int slots, size_t publishBytes, double timeout, bool cudaGraphs) {
              NcclTransportOptions o;
              o.rank = rank;
              o.worldSize = worldSize;
@@ -110,6 +110,7 @@ void bindHostGpu(py::module_& testing) {
              o.slots = slots;
              o.publishBytes = publishBytes;
              o.timeoutSeconds = timeout;
+             o.recordGraphs = cudaGraphs;
              o.api = &hostgpu::api();
              py::gil_scoped_release unlocked;  // creation waits for every rank
              auto ring = std::make_shared<HostGpuRing>();
@@ -121,7 +122,7 @@ void bindHostGpu(py::module_& testing) {
            }),
            py::arg("rank"), py::arg("world_size"), py::arg("unique_id"),
            py::arg("slice_bytes") = 4 << 20, py::arg("slots") = 8, py::arg("publish_bytes") = 0,
-           py::arg("timeout") = 20.0)
+           py::arg("timeout") = 20.0, py::arg("cuda_graphs") = true)
       .def_property_readonly("transport",
                              [](const HostGpuRing& r) -> std::shared_ptr<Transport> {
                                return r.transport;

@@ -328,6 +328,49 @@ cudaError_t exchangeCaptureMode(cudaStreamCaptureMode*) { return cudaSuccess; }
 cudaError_t peekLastError() { return stickyError.load() != cudaSuccess ? stickyError.load() : lastError; }
 void setStickyError(cudaError_t status) { stickyError = status; }
 
+namespace {
+
+// The runtime's capture and graph calls over the test entry points below: an instantiated graph
+// is the captured one (host graphs stay for the process, as endCapture's do).
+cudaError_t streamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
+  count("cudaStreamBeginCapture");
+  if (capturing(s)) return failed(cudaErrorIllegalState);
+  beginCapture(s);
+  return cudaSuccess;
+}
+
+cudaError_t streamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
+  count("cudaStreamEndCapture");
+  const uintptr_t handle = endCapture(s);
+  if (handle == 0) return failed(cudaErrorStreamCaptureInvalidated);
+  *graph = reinterpret_cast<cudaGraph_t>(handle);
+  return cudaSuccess;
+}
+
+cudaError_t graphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  count("cudaGraphInstantiate");
+  *exec = reinterpret_cast<cudaGraphExec_t>(graph);
+  return cudaSuccess;
+}
+
+cudaError_t graphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
+  count("cudaGraphLaunch");
+  launchGraph(reinterpret_cast<uintptr_t>(exec), s);
+  return cudaSuccess;
+}
+
+cudaError_t graphExecDestroy(cudaGraphExec_t) {
+  count("cudaGraphExecDestroy");
+  return cudaSuccess;
+}
+
+cudaError_t graphDestroy(cudaGraph_t) {
+  count("cudaGraphDestroy");
+  return cudaSuccess;
+}
+
+}  // namespace
+
 void submit(cudaStream_t s, std::function<void()> work) { submitTo(stream(s), std::move(work)); }
 
 bool capturing(cudaStream_t s) { return stream(s)->capture != nullptr; }
@@ -351,6 +394,12 @@ void fillCuda(GpuApi& a) {
   a.cudaGetErrorName = errorName;
   a.cudaGetErrorString = errorString;
   a.cudaThreadExchangeStreamCaptureMode = exchangeCaptureMode;
+  a.cudaStreamBeginCapture = streamBeginCapture;
+  a.cudaStreamEndCapture = streamEndCapture;
+  a.cudaGraphInstantiate = graphInstantiate;
+  a.cudaGraphLaunch = graphLaunch;
+  a.cudaGraphExecDestroy = graphExecDestroy;
+  a.cudaGraphDestroy = graphDestroy;
 }
 
 void launch(cudaStream_t s, std::function<void()> work) {
