@@ -484,3 +484,38 @@ def test_cuda_graphs_off_runs_every_call_eagerly():
     with host_nccl_backend(slice_bytes=1024, slots=2, cuda_graphs=False):
         results = raise_first(run_ranks(2, _groups_per_repeat))
     assert results == [(0, 8.0), (0, 8.0)], results
+
+
+def test_ctrl_c_ends_a_wait_for_a_stalled_peer():
+    """SIGINT while this (main) thread waits on NCCL for a peer that stopped answering:
+    KeyboardInterrupt within a fraction of a second, not at the timeout, and the communicator
+    refuses further use."""
+    import os
+    import signal
+    import threading
+
+    host_gpu.reset()
+    host_gpu.set_stall(1, 0)  # rank 1's groups are taken and never move
+    try:
+        rings = _two_rings(publish_bytes=0)
+    finally:
+        host_gpu.set_stall(-1, -1)
+    comm = _C.Communicator(0, 2, rings[0].transport, rings[0].reducer, 256)
+    buf = torch.ones(1000)
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+    begun = time.monotonic()
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            comm.run(_C.CollectiveRequest(_C.Primitive.all_reduce, buf.data_ptr(), 0, 1000,
+                                          _C.DataType.float32, _C.RedOp.sum))
+            rings[0].synchronize(TIMEOUT)
+        waited = time.monotonic() - begun
+    finally:
+        timer.cancel()
+    assert waited < TIMEOUT / 2, f"the wait ended after {waited:.1f} s"
+    with pytest.raises(_C.RingcommError, match="interrupted by a signal"):
+        comm.run(_C.CollectiveRequest(_C.Primitive.all_reduce, buf.data_ptr(), 0, 1000,
+                                      _C.DataType.float32, _C.RedOp.sum))
+    for ring in rings:
+        ring.release()

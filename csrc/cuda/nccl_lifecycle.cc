@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "ringcomm/error.h"
+#include "ringcomm/interrupt.h"
 
 namespace ringcomm {
 namespace {
@@ -224,8 +225,18 @@ void NcclTransport::awaitNccl(const std::function<std::string()>& what, double l
         RC_THROW_AS(TimeoutError, failure_);
       }
     }
+    checkInterrupt(rounds, what);
     backOff(rounds);
   }
+}
+
+// In a host wait's sleeping phase, a few times a second: a process asked to stop (Ctrl-C) must
+// not wait out the timeout (interrupt.h). The communicator is aborted: its peers are told.
+void NcclTransport::checkInterrupt(int rounds, const std::function<std::string()>& what) {
+  if (rounds < 64 || rounds % 32 != 0 || !interruptRequested()) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  abortLocked(detail::concat("interrupted by a signal while ", what(), where()));
+  RC_THROW_AS(InterruptedError, failure_);
 }
 
 void NcclTransport::abortLocked(const std::string& why) {
@@ -332,6 +343,7 @@ void NcclTransport::synchronize(double timeoutSeconds) {
                                  ": is every rank calling the same collectives?"));
       throwAborted();
     }
+    checkInterrupt(rounds, [] { return std::string("waiting for the collectives to finish"); });
     backOff(rounds);  // a host wait: ranks may share cores
   }
 }

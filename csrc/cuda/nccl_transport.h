@@ -133,6 +133,7 @@ class NcclTransport : public Transport {
   // Polls ncclCommGetAsyncError until the last call is done; aborts and raises past the limit.
   // `what()` is only called to describe a failure.
   void awaitNccl(const std::function<std::string()>& what, double limitSeconds);
+  void checkInterrupt(int rounds, const std::function<std::string()>& what);
   void flush();
   bool shouldRecord(const ReplayKey& key);
   void finishRecording();
