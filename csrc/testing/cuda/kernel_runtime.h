@@ -25,18 +25,6 @@ struct GridPosition {
 };
 const GridPosition& position();
 
-// -- device intrinsics the kernels use (bit casts) ------------------------------------------------------------
-inline float uintAsFloat(uint32_t bits) {
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-inline uint32_t floatAsUint(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  return bits;
-}
-
 // -- the device and the runtime -------------------------------------------------------------------
 struct DeviceProperties {
   int sms = 132;            // an H200's

@@ -33,14 +33,15 @@
 #undef __launch_bounds__
 #define __launch_bounds__(...)
 
+#include "cpu/half.h"  // bitsToFloat, floatToBits
 #include "testing/cuda/kernel_runtime.h"
 
 #define threadIdx (::ringcomm::hostkern::position().thread)
 #define blockIdx (::ringcomm::hostkern::position().block)
 #define blockDim (::ringcomm::hostkern::position().blockSize)
 #define gridDim (::ringcomm::hostkern::position().gridSize)
-#define __uint_as_float ::ringcomm::hostkern::uintAsFloat  // device intrinsics
-#define __float_as_uint ::ringcomm::hostkern::floatAsUint
+#define __uint_as_float ::ringcomm::bitsToFloat  // device intrinsics
+#define __float_as_uint ::ringcomm::floatToBits
 
 #define RC_LAUNCH_ON_HOST(kernel, blocks, threads, stream, params) \
   ::ringcomm::hostkern::launch(kernel, blocks, threads, stream, params)
