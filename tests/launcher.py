@@ -46,11 +46,10 @@ def _worker(fn, rank, world_size, store_path, results, args, env):
 
 def shared_gpu_env(rank):
     """Environment that lets several ranks share one GPU, for launch(env=shared_gpu_env):
-    ringcomm.cuda_backend.shared_gpu_env, with few NCCL CTAs (the ranks time-slice the GPU)."""
+    ringcomm.cuda_backend.shared_gpu_env (a function of the rank that spawn can pickle)."""
     from ringcomm import cuda_backend
 
-    return {"NCCL_MAX_CTAS": os.environ.get("NCCL_MAX_CTAS", "8"),
-            **cuda_backend.shared_gpu_env(rank)}
+    return cuda_backend.shared_gpu_env(rank)
 
 
 def launch(world_size, fn, *args, timeout=120, allow_exit=None, start_method="fork", env=None):
