@@ -136,7 +136,8 @@ class Outcome:
         failure = ""
         if failed:
             others = f" (ranks {failed[1:]} failed too)" if failed[1:] else ""
-            failure = f"rank {failed[0]} of {self.world}{others}:\n{self.per_rank[failed[0]]['error']}"
+            error = self.per_rank[failed[0]]["error"]
+            failure = f"rank {failed[0]} of {self.world}{others}:\n{error}"
         missing = [r for r, o in self.per_rank.items() if o is None]
         if missing:  # a crash or a hang: often what made the others fail, so it comes first
             where = "; ".join(f"rank {r} was in {self.stopped_in[r]}" for r in missing

@@ -17,6 +17,11 @@ from shared_launch import Check, CheckFailed, launch_checks
 TESTS = Path(__file__).resolve().parent
 
 
+def _path():
+    """PYTHONPATH for a pytest run in another folder: this folder's modules importable."""
+    return os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
+
+
 def _pid(rank, world):
     return os.getpid()
 
@@ -158,7 +163,7 @@ def test_pytest_tests_share_one_launch_per_world_size(tmp_path):
     the session's order; a failing check fails its own test only, with the rank's traceback."""
     (tmp_path / "test_session.py").write_text(textwrap.dedent(SESSION))
     log = tmp_path / "launches.jsonl"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+    env = {**os.environ, "PYTHONPATH": _path(),
            "RINGCOMM_TEST_LAUNCH_LOG": str(log)}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            "-rf", "test_session.py"], cwd=tmp_path, env=env, capture_output=True,
@@ -199,7 +204,7 @@ def test_the_callers_deadline_bounds_every_launch(tmp_path):
     """RINGCOMM_TEST_ENDS_AT (the GPU check's stage limit) wins over a launch's own budget, so
     the tests still report before the stage is cut: here as "cut short"."""
     (tmp_path / "test_slow.py").write_text(SLOW_SESSION)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+    env = {**os.environ, "PYTHONPATH": _path(),
            "RINGCOMM_TEST_LAUNCH_TIMEOUT": "300", "RINGCOMM_TEST_ENDS_AT": str(time.time() + 12)}
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
