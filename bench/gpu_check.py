@@ -1,15 +1,24 @@
 """The prepared GPU check: one bounded run on a fresh single-GPU machine that returns everything.
 
 Stages run in order under one global deadline (default 345 s, so the whole check with its
-kill-after slack and the final bundling stays under 6 minutes), correctness first: the plan and
-the verdict rules are bench/gpu_check_plan.py. A stage that fails is recorded and the next one
-still runs, except after a failed build (nothing left to test); a stage past its limit is
-interrupted (SIGINT: pytest still reports what ran), then killed KILL_AFTER seconds later.
+kill-after slack and the final bundling stays under 6 minutes), correctness first: the plan, its
+limits (from the cost of a launch of ranks and of each test) and the verdict rules are
+bench/gpu_check_plan.py; bench/gpu_check_fit.py checks that plan against the GPU machine. A stage
+that fails is recorded and the next one still runs, except after a failed build (nothing left to
+test); a stage past its limit is interrupted (SIGINT: pytest still reports what ran), then killed
+KILL_AFTER seconds later. A test stage's launch of ranks is told the stage's deadline, so its
+tests report before the stage is cut.
 
-$OUT receives at most three files, each rewritten after every stage, so a run cut short still
-reports: summary.json (verdict "pass", "fail" or "incomplete"; tests_planned in run order; per
-stage its exit code, seconds and what ran, passed, failed and skipped; results), check.log
-(every stage's output) and bundle.tar.gz (JUnit XML, NCCL_DEBUG=INFO files, per-stage JSON).
+The lease returns at most 8 files of at most 16 MiB. $OUT receives three, each rewritten after
+every stage, so a run cut short still reports: summary.json (verdict "pass", "fail" or
+"incomplete"; the plan's table and any problem with it; tests_planned in run order; per stage
+its exit code, seconds and what ran, passed, failed and skipped; results), check.log (every
+stage's output, its head if huge) and bundle.tar.gz (JUnit XML, each test stage's
+launches.jsonl with what every launch and check took, NCCL_DEBUG=INFO files, per-stage JSON;
+kept under MAX_BUNDLE_BYTES by cutting the NCCL logs shorter).
+
+MPS is off unless RINGCOMM_GPU_CHECK_MPS=1: then it starts after the build, and only stays when
+an NCCL all_reduce between two ranks ran under it (that probe costs a launch of the budget).
 
     OUT=/tmp/out bash bench/gpu_check.sh            # the real check (on the GPU machine)
     OUT=/tmp/out bash bench/gpu_check.sh --dry-run  # the stage logic here, commands stubbed
@@ -36,7 +45,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check_plan import BUDGET, plan, planned_tests, stage_counts, verdict  # noqa: E402
+import gpu_check_fit  # noqa: E402
+from gpu_check_plan import (BUDGET, REPORT_S, plan, planned_tests, stage_counts,  # noqa: E402
+                            table, verdict)
 
 ROOT = Path(__file__).resolve().parent.parent
 KILL_AFTER = 5
@@ -44,12 +55,17 @@ KILL_AFTER = 5
 # no network there): a session copies them here (an ignored folder) and carries it to the lease.
 PYDEPS = ROOT / "build" / "pydeps"
 MAX_DEBUG_BYTES = 2 << 20  # per NCCL debug file in the bundle (the lease returns <= 16 MiB)
+MAX_BUNDLE_BYTES = 15 << 20
+# check.log: stage output past this is left out (the check's own "==" lines stay)
+MAX_LOG_BYTES = 12 << 20
 OUTPUT_FILES = ("summary.json", "check.log", "bundle.tar.gz")
 
 # Printed by the environment stage, and parsed from its last line into the summary.
 ENV_PROBE = r"""
 import ctypes, json, os, shutil, subprocess, sys
-info = {"python": sys.executable, "which": {c: shutil.which(c) for c in ("python", "python3", "nvcc")},
+import platform
+info = {"python": sys.executable, "python_version": platform.python_version(),
+        "which": {c: shutil.which(c) for c in ("python", "python3", "nvcc", "compute-sanitizer")},
         "cuda_home": os.environ.get("CUDA_HOME")}
 def run(*cmd):
     try:
@@ -94,7 +110,8 @@ if lib is not None:
     info["nccl_loaded_version"] = code.value
     maps = open("/proc/self/maps").read().splitlines()
     info["nccl_loaded_path"] = next((l.split()[-1] for l in maps if "libnccl.so" in l), None)
-    # The multi-rank-per-GPU path the tests and benchmarks take (cuda_backend.shared_gpu_env).
+    # The multi-rank-per-GPU path the tests and benchmarks take (cuda_backend.shared_gpu_env,
+    # which also sets NCCL_NVLS_ENABLE=0, NCCL_MNNVL_ENABLE=0 and NCCL_MAX_CTAS=8 on both).
     info["multi_rank_path"] = ("NCCL_MULTI_RANK_GPU_ENABLE=1" if code.value >= 23003 else
                                "NCCL_HOSTID per rank, NCCL_SOCKET_IFNAME=lo, NCCL_IB_DISABLE=1 "
                                "(sockets)")
@@ -102,17 +119,30 @@ print(json.dumps(info, indent=1))
 print("ENV_JSON " + json.dumps(info))
 """
 
-# Run under MPS right after its daemon starts: a server that cannot start (a container without
-# the rights it needs) makes every later CUDA context fail, which would cost the whole lease.
+# Run under MPS right after its daemon starts: an NCCL all_reduce between two ranks sharing the
+# GPU, as the tests' ranks will. A server that cannot serve (a container without the rights it
+# needs), or NCCL that fails under it, would otherwise fail every later stage: the lease.
 MPS_PROBE = r"""
-import ctypes, sys
-cuda = ctypes.CDLL("libcuda.so.1")
-ctx = ctypes.c_void_p()
-rc = (cuda.cuInit(0) or cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0)
-      or cuda.cuCtxSetCurrent(ctx) or cuda.cuCtxSynchronize())
-if rc:
-    raise SystemExit(f"CUresult {rc}")
+import os, sys, tempfile
+import torch, torch.distributed as dist, torch.multiprocessing as mp
+from ringcomm import cuda_backend
+
+def rank(r, world, store):
+    os.environ.update(cuda_backend.shared_gpu_env(r))
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method=f"file://{store}", rank=r, world_size=world,
+                            device_id=torch.device("cuda", 0))
+    x = torch.full((1 << 20,), r + 1.0, device="cuda")
+    dist.all_reduce(x)
+    torch.cuda.synchronize()
+    assert bool(torch.all(x == world * (world + 1) / 2)), "wrong sum under MPS"
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(rank, args=(2, os.path.join(tmp, "store")), nprocs=2, join=True)
 """
+MPS_PROBE_S = 45  # a launch of two ranks and one NCCL communicator, with room
 
 INFO_PROBE = r"""
 import json, ringcomm
@@ -137,6 +167,15 @@ def cuda_home():
         if (home / "include" / "cuda_runtime_api.h").exists():
             return str(home)
     return "/usr/local/cuda"
+
+
+def find_tool(name, cuda_home):
+    """A CUDA tool on PATH or in the toolkit's bin folder (which need not be on PATH)."""
+    found = shutil.which(name)
+    if found:
+        return found
+    candidate = Path(cuda_home) / "bin" / name
+    return str(candidate) if os.access(candidate, os.X_OK) else None
 
 
 def dry_junit(stage, failing):
@@ -180,6 +219,12 @@ def junit_counts(path):
     counts["failed"] = [f"{case.get('classname')}::{case.get('name')}"
                         for case in root.iter("testcase")
                         if case.find("failure") is not None or case.find("error") is not None]
+    # Skipped because their shared launch ran out of time (tests/shared_launch.py says "cut
+    # short"): the stage was cut short, not passed.
+    counts["cut_short"] = [f"{case.get('classname')}::{case.get('name')}"
+                           for case in root.iter("testcase")
+                           for skip in case.findall("skipped")
+                           if "cut short:" in (skip.get("message") or "")]
     return counts
 
 
@@ -192,6 +237,7 @@ class Check:
         self.dry = dry
         self.fail_stage = fail_stage
         self.stages = []
+        self.tools = {}  # CUDA tools optional stages need: name -> path, None where absent
         self.start = time.monotonic()
         self.deadline = self.start + budget
         self.on_summary = on_summary
@@ -219,11 +265,18 @@ class Check:
                    NCCL_DEBUG_FILE=str(self.work / "nccl.%h.%p.log"))
         return env
 
+    @staticmethod
+    def wants_mps():
+        """MPS only when asked: unproven with NCCL on the lease's image, its probe costs a
+        launch, and a broken server would take every later stage with it."""
+        return os.environ.get("RINGCOMM_GPU_CHECK_MPS") == "1"
+
     def start_mps(self, env):
-        """MPS lets ranks sharing the GPU run kernels at once instead of time-sliced."""
+        """MPS lets ranks sharing the GPU run kernels at once instead of time-sliced; it is kept
+        only when an NCCL all_reduce ran under it."""
         control = shutil.which("nvidia-cuda-mps-control")
-        if self.dry or control is None or os.environ.get("RINGCOMM_GPU_CHECK_MPS") == "0":
-            return "not started" + (" (dry run)" if self.dry else "" if control else
+        if self.dry or control is None:
+            return "not started" + (" (dry run)" if self.dry else
                                     " (nvidia-cuda-mps-control not found)")
         pipes = self.work / "mps"
         pipes.mkdir(exist_ok=True)
@@ -232,26 +285,31 @@ class Check:
             proc = subprocess.run([control, "-d"], env=env, capture_output=True, text=True,
                                   timeout=10)
         except Exception as error:
-            return f"failed to start: {error}"
-        if proc.returncode != 0:
+            proc, why = None, f"failed to start: {error}"
+        else:
+            why = f"failed to start (rc {proc.returncode}): {proc.stderr.strip()[-300:]}"
+        if proc is None or proc.returncode != 0:
             for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
                 env.pop(key)
-            return f"failed to start (rc {proc.returncode}): {proc.stderr.strip()[-300:]}"
+            return why
         self.mps_control = (control, env.copy())
+        probe = self.work / "mps_probe.py"  # a file: spawned ranks import their function by name
+        probe.write_text(MPS_PROBE)
         try:
-            probe = subprocess.run([self.python, "-c", MPS_PROBE], env=env, capture_output=True,
-                                   text=True, timeout=30)
-            why = f"rc {probe.returncode}: {probe.stderr.strip()[-200:]}"
-            usable = probe.returncode == 0
+            run = subprocess.run([self.python, str(probe)], cwd=ROOT, env=env,
+                                 capture_output=True, text=True, timeout=MPS_PROBE_S,
+                                 start_new_session=True)
+            why = f"rc {run.returncode}: {run.stderr.strip()[-300:]}"
+            usable = run.returncode == 0
         except subprocess.TimeoutExpired:
-            why, usable = "a CUDA context took over 30 s", False
+            why, usable = f"an NCCL all_reduce took over {MPS_PROBE_S} s", False
         if not usable:  # without MPS the ranks are time-sliced, but they run
             self.stop_mps()
             self.mps_control = (None, None)
             for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
                 env.pop(key)
             return f"started but unusable ({why}): stopped, running without MPS"
-        return "started"
+        return "started (an NCCL all_reduce ran under it)"
 
     def stop_mps(self):
         control, env = getattr(self, "mps_control", (None, None))
@@ -269,14 +327,21 @@ class Check:
             record.update(rc=None, skipped=f"not enough time left ({left:.0f} s)")
             self.say(f"== {stage.name}: skipped, {left:.0f} s left")
             return self.finish(stage, record, "")
+        if stage.tool and not self.tools.get(stage.tool) and not self.dry:
+            record.update(rc=None, skipped=f"{stage.tool} not found")
+            self.say(f"== {stage.name}: skipped, {stage.tool} not found")
+            return self.finish(stage, record, "")
         limit = min(stage.limit, left)
+        stage_env = {**env, **stage.env}
+        if stage.junit:  # its shared launches end in time for pytest to report them
+            stage_env["RINGCOMM_TEST_ENDS_AT"] = str(time.time() + limit - REPORT_S)
         failing = self.dry and stage.name == self.fail_stage
         stub = self.dry and (stage.needs_gpu or failing)
         argv = dry_stub(stage, self.work, self.python, failing) if stub else stage.argv
         self.say(f"== {stage.name} (limit {limit:.0f} s, t={self.elapsed()} s)"
                  f"{' stubbed (dry run)' if argv is not stage.argv else ''}: "
                  f"{' '.join(stage.argv)[:200]}")
-        proc = subprocess.Popen(argv, cwd=ROOT, env={**env, **stage.env}, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(argv, cwd=ROOT, env=stage_env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, errors="replace",
                                 start_new_session=True)  # its own group: the whole tree is killed
         output = []
@@ -310,8 +375,9 @@ class Check:
             output.append(line)
             sys.stdout.write(line)
             sys.stdout.flush()
-            self.log.write(line)
-            self.log.flush()
+            if self.log.tell() < MAX_LOG_BYTES:
+                self.log.write(line)
+                self.log.flush()
 
     @staticmethod
     def signal(proc, sig):
@@ -336,8 +402,7 @@ class Check:
         if stage.junit and (self.work / stage.junit).exists():
             junit = self.summary["results"][stage.name] = junit_counts(self.work / stage.junit)
         record["counts"] = stage_counts(record, junit)
-        self.summary["verdict"] = verdict(self.stages, self.summary["stages"]) \
-            if self.summary.get("finished") else "incomplete"
+        self.summary["verdict"] = self.verdict() if self.summary.get("finished") else "incomplete"
         self.write()
         return record
 
@@ -348,30 +413,45 @@ class Check:
         tmp.write_text(json.dumps(self.summary, indent=1))
         tmp.replace(self.out / "summary.json")
         tmp = self.out / "bundle.tar.gz.tmp"
-        with tarfile.open(tmp, "w:gz") as bundle:
-            for path in sorted(self.work.iterdir()):
-                if path.is_file() and path.stat().st_size <= MAX_DEBUG_BYTES:
-                    bundle.add(path, arcname=path.name)
-                elif path.is_file():  # a huge NCCL log: its head says what matters
-                    cut = self.work / (path.name + ".head")
-                    with open(path, "rb") as src:
-                        cut.write_bytes(src.read(MAX_DEBUG_BYTES))
-                    bundle.add(cut, arcname=cut.name)
-                    cut.unlink()
+        cap = MAX_DEBUG_BYTES
+        while True:  # the lease returns files of at most 16 MiB: big logs are cut shorter
+            self.bundle(tmp, cap)
+            if tmp.stat().st_size <= MAX_BUNDLE_BYTES or cap < 1024:
+                break
+            cap //= 4
         tmp.replace(self.out / "bundle.tar.gz")
         if self.on_summary:
             self.on_summary(json.loads((self.out / "summary.json").read_text()))
 
+    def bundle(self, path, cap):
+        """Every work file into a tar.gz; a file over `cap` bytes (a huge NCCL log) only its
+        head: that says what matters."""
+        with tarfile.open(path, "w:gz") as bundle:
+            for file in sorted(self.work.iterdir()):
+                if file.is_file() and file.stat().st_size <= cap:
+                    bundle.add(file, arcname=file.name)
+                elif file.is_file():
+                    cut = self.work / (file.name + ".head")  # listed already: not re-added
+                    with open(file, "rb") as src:
+                        cut.write_bytes(src.read(cap))
+                    bundle.add(cut, arcname=file.name + ".head")
+                    cut.unlink()
+
     def run(self):
         env = self.environment()
         self.summary["cuda_home"] = env["CUDA_HOME"]
-        self.summary["mps"] = self.start_mps(env)
+        self.summary["mps"] = ("not started yet (after the build)" if self.wants_mps() else
+                               "off (the default; RINGCOMM_GPU_CHECK_MPS=1 tries it)")
+        self.tools = {"compute-sanitizer": find_tool("compute-sanitizer", env["CUDA_HOME"])}
+        self.summary["tools"] = self.tools
         self.say(f"== gpu_check: python {self.python}, CUDA_HOME {env['CUDA_HOME']}, "
                  f"MPS {self.summary['mps']}, dry run {self.dry}")
         try:
             probes = {"env": ENV_PROBE, "info": INFO_PROBE}
             self.stages = plan(self.python, self.work, probes,
-                               pytest_timeout=self.dry or self.has_pytest_timeout(env))
+                               pytest_timeout=self.dry or self.has_pytest_timeout(env),
+                               tools=self.tools)
+            self.check_plan()
             self.summary["tests_planned"] = planned_tests(self.stages)
             build_failed = False
             for stage in self.stages:
@@ -384,17 +464,42 @@ class Check:
                 if stage.name == "env":
                     found = self.summary["results"].get("env", {})
                     self.summary["multi_rank_path"] = found.get("multi_rank_path", "unknown")
+                    self.summary["plan"]["machine_differences"] = gpu_check_fit.differences(
+                        gpu_check_fit.MACHINE, found, self.tools)
                 if stage.name == "build" and record.get("rc") != 0:
                     build_failed = True
                     self.say("== build failed: the later stages are not run")
+                if stage.name == "info" and self.wants_mps():
+                    # After the build: the probe's ranks use ringcomm's shared_gpu_env.
+                    self.summary["mps"] = self.start_mps(env)
+                    self.say(f"== MPS: {self.summary['mps']}")
         finally:
             self.stop_mps()
             self.summary["finished"] = True
-            self.summary["verdict"] = verdict(self.stages, self.summary["stages"])
+            self.summary["verdict"] = self.verdict()
             self.write()
             self.log.close()
             shutil.rmtree(self.work, ignore_errors=True)
         return self.summary
+
+    def check_plan(self):
+        """The plan's arithmetic and its fit to the GPU machine (bench/gpu_check_fit.py): a dry
+        run fails on any problem; a real run records them (its stages show the rest)."""
+        problems = gpu_check_fit.problems(self.stages)
+        self.summary["plan"] = {"table": table(self.stages), "problems": problems,
+                                "machine": gpu_check_fit.MACHINE, "machine_differences": []}
+        width = max(len(s.name) for s in self.stages)
+        for row in self.summary["plan"]["table"]:
+            self.say(f"== plan: {row['stage']:<{width}} launches {row['launches']}  limit "
+                     f"{row['limit_s']:>5g} s = {row['from']}"
+                     + ("  (optional)" if row["optional"] else ""))
+        for problem in problems:
+            self.say(f"== plan problem: {problem}")
+
+    def verdict(self):
+        if self.dry and self.summary.get("plan", {}).get("problems"):
+            return "fail"
+        return verdict(self.stages, self.summary["stages"])
 
     def has_pytest_timeout(self, env):
         probe = subprocess.run([self.python, "-c", "import pytest_timeout"], env=env,

@@ -31,18 +31,33 @@ def nccl_search(options=None):
 MULTI_RANK_GPU_NCCL = 23003
 
 
-def shared_gpu_env(rank, nccl_version=None):
+# What every rank sharing a GPU also gets, on either path. NVLS (NVLink SHARP) and multi-node
+# NVLink would have NCCL set up multicast and fabric memory between "hosts" that are one device;
+# ringcomm only sends and receives, so it needs neither. The ranks time-slice the one GPU, so
+# each communicator's NCCL kernels use few CTAs (the same 8 SMs nccl_sms leaves them).
+SHARED_GPU_DEFAULTS = {"NCCL_NVLS_ENABLE": "0", "NCCL_MNNVL_ENABLE": "0", "NCCL_MAX_CTAS": "8"}
+
+
+def shared_gpu_env(rank, nccl_version=None, environ=None):
     """Environment variables that let several ranks share one GPU; set them before NCCL creates
-    a communicator. NCCL >= 2.30 allows it when asked; older NCCL refuses ("Duplicate GPU
+    a communicator. NCCL >= 2.30.3 allows it when asked; older NCCL refuses ("Duplicate GPU
     detected") unless each rank looks like its own host, and then talks over loopback sockets.
+    What the user already set (in `environ`, default os.environ) is kept, except that a rank's
+    NCCL_HOSTID must differ from its neighbours': a user's value gets the rank appended.
     nccl_version: the version code of the NCCL that will run (default: the one ringcomm loads)."""
+    environ = os.environ if environ is None else environ
     if nccl_version is None:
         nccl_version = _C.nccl_library(**nccl_search())[1]
     if nccl_version >= MULTI_RANK_GPU_NCCL:
-        return {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}
-    # Sockets over loopback, not whatever InfiniBand the machine has: the path taken is known.
-    return {"NCCL_HOSTID": f"ringcomm-rank-{rank}", "NCCL_SOCKET_IFNAME": "lo",
-            "NCCL_IB_DISABLE": "1"}
+        wanted = {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}
+    else:
+        # Sockets over loopback, not whatever InfiniBand the machine has: the path taken is known.
+        wanted = {"NCCL_SOCKET_IFNAME": "lo", "NCCL_IB_DISABLE": "1"}
+    wanted.update(SHARED_GPU_DEFAULTS)
+    env = {name: environ.get(name, value) for name, value in wanted.items()}
+    if nccl_version < MULTI_RANK_GPU_NCCL:
+        env["NCCL_HOSTID"] = f"{environ.get('NCCL_HOSTID', 'ringcomm')}-rank-{rank}"
+    return env
 
 
 def available():

@@ -19,6 +19,10 @@ class WorkerError(AssertionError):
     pass
 
 
+# After a rank's failure, how long the others may still report (their own failure, often the
+# first one's cause) before the launch ends.
+FAILURE_GRACE_S = 5.0
+
 # Every worker process started so far, so that a test can tell its own processes' traces (e.g.
 # shared-memory names, which carry the creator's pid) from those of other runs on the machine.
 started_pids = []
@@ -46,11 +50,10 @@ def _worker(fn, rank, world_size, store_path, results, args, env):
 
 def shared_gpu_env(rank):
     """Environment that lets several ranks share one GPU, for launch(env=shared_gpu_env):
-    ringcomm.cuda_backend.shared_gpu_env, with few NCCL CTAs (the ranks time-slice the GPU)."""
+    ringcomm.cuda_backend.shared_gpu_env (a function of the rank that spawn can pickle)."""
     from ringcomm import cuda_backend
 
-    return {"NCCL_MAX_CTAS": os.environ.get("NCCL_MAX_CTAS", "8"),
-            **cuda_backend.shared_gpu_env(rank)}
+    return cuda_backend.shared_gpu_env(rank)
 
 
 def launch(world_size, fn, *args, timeout=120, allow_exit=None, start_method="fork", env=None):
@@ -78,29 +81,46 @@ def launch(world_size, fn, *args, timeout=120, allow_exit=None, start_method="fo
 
 
 def _collect(procs, results, world_size, allow_exit, timeout):
-    """Starts the workers, waits for their reports and checks how they ended."""
+    """Starts the workers, waits for their reports and checks how they ended. A rank that died
+    without reporting (a crash, not an exception) ends the wait at once, and a rank's failure
+    FAILURE_GRACE_S later (time for the others' reports): their peers would only wait for them
+    until the deadline."""
     for p in procs:
         p.start()
         started_pids.append(p.pid)
     values, failures = {}, []
     deadline = time.monotonic() + timeout
+    died, failed_at = [], None
     while len(values) + len(failures) < world_size - len(allow_exit):
         try:
-            rank, ok, value = results.get(timeout=max(0.1, deadline - time.monotonic()))
+            # At most a second per wait: a report a rank made before it exited is in the queue
+            # by then (its feeder thread flushes before the process ends).
+            rank, ok, value = results.get(timeout=min(1.0, max(0.1, deadline - time.monotonic())))
         except queue.Empty:
-            if time.monotonic() > deadline:
+            if failures and time.monotonic() > failed_at + FAILURE_GRACE_S:
+                break
+            reported = set(values) | {rank for rank, _ in failures}
+            died = [r for r, p in enumerate(procs)
+                    if p.exitcode is not None and r not in reported and r not in allow_exit]
+            if died or time.monotonic() > deadline:
                 break
             continue
         if ok:
             values[rank] = pickle.loads(value)
         else:
+            if not failures:
+                failed_at = time.monotonic()
             failures.append((rank, value))
     for p in procs:
-        p.join(timeout=max(1.0, deadline - time.monotonic()))
+        p.join(timeout=1.0 if died or failures else max(1.0, deadline - time.monotonic()))
     hung = [r for r, p in enumerate(procs) if p.is_alive()]  # launch() kills them on return
     if failures:
         rank, trace = sorted(failures)[0]
         raise WorkerError(f"rank {rank} of {world_size} failed:\n{trace}")
+    if died:
+        codes = ", ".join(f"rank {r} with code {procs[r].exitcode}" for r in died)
+        raise WorkerError(f"{codes} of {world_size} exited without reporting"
+                          + (f"; ranks {hung} were still running" if hung else ""))
     if hung:
         raise WorkerError(f"ranks {hung} of {world_size} did not finish within {timeout} s")
     bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0 and r not in allow_exit]

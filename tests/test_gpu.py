@@ -3,12 +3,18 @@
 They need ringcomm built with CUDA and a visible GPU; everywhere else they skip. Several ranks
 share one GPU (tests/launcher.py's shared_gpu_env: ringcomm.cuda_backend.shared_gpu_env).
 RINGCOMM_TEST_WORLDS (default "2,4") picks the world sizes of the multi-rank tests.
+
+Starting ranks on a GPU costs 10-15 s (interpreters, torch, a CUDA context each, NCCL's first
+connection), so the multi-rank tests of a session share one launch per world size
+(tests/shared_launch.py): each test's work runs there as a check, and the test asserts on its
+check's outcome. RINGCOMM_TEST_LAUNCH_TIMEOUT bounds each launch, RINGCOMM_TEST_LAUNCH_LOG
+records what each launch and check took.
 """
-import functools
 import os
 
 import pytest
-from launcher import launch, shared_gpu_env
+from launcher import shared_gpu_env
+from shared_launch import SharedLaunches, on_ranks, shares_launch  # noqa: F401  (a fixture)
 
 torch = pytest.importorskip("torch")
 
@@ -309,8 +315,9 @@ def test_nccl_loads_and_makes_ids():
 
 # -- multi-rank ----------------------------------------------------------------------------------
 
-def _on_ring(rank, world, body):
-    """A launch() worker: body(comm, ring, rank, world, store) on a CUDA ring over GPU 0."""
+def _on_ring(rank, world, body, **params):
+    """A check: body(comm, ring, rank, world, store, **params) on a CUDA ring over GPU 0 (the
+    store is the check's own: keys cannot meet another check's)."""
     torch.cuda.set_device(0)
     store = torch.distributed.distributed_c10d._get_default_store()
     hint = cuda_backend.nccl_library_hint()
@@ -322,14 +329,16 @@ def _on_ring(rank, world, body):
                        library_hint=hint, publish_bytes=PUBLISH_BYTES)
     comm = _C.Communicator(rank, world, ring.transport, ring.reducer, SLICE_BYTES)
     try:
-        return body(comm, ring, rank, world, store)
+        return body(comm, ring, rank, world, store, **params)
     finally:
         comm.close()
         ring.release()
 
 
-# spawn, not fork: the parent already initialised CUDA; the ranks share GPU 0.
-ON_SHARED_GPU = dict(start_method="spawn", env=shared_gpu_env)
+@pytest.fixture(scope="session")
+def shared_launches(request):
+    """spawn, not fork: the parent may have initialised CUDA; the ranks share GPU 0."""
+    return SharedLaunches(request.session, start_method="spawn", env=shared_gpu_env)
 
 
 def _values(rank, n, dtype):
@@ -439,9 +448,10 @@ def _wire_all_reduce(comm, ring, rank, world, store):
     ring.synchronize(60.0)
 
 
+@shares_launch(_on_ring, _wire_all_reduce)
 @pytest.mark.parametrize("world", WORLDS)
-def test_wire_all_reduce(world):
-    launch(world, _on_ring, _wire_all_reduce, timeout=240, **ON_SHARED_GPU)
+def test_wire_all_reduce(world, on_ranks):
+    on_ranks.values()
 
 
 def _stream_semantics(comm, ring, rank, world, store):
@@ -513,27 +523,33 @@ def _timeout(comm, ring, rank, world, store):
     comm.run(R(P.all_reduce, x.data_ptr(), 0, x.numel(), _C.DataType.float32, stream=stream))
     ring.synchronize(60.0)
     if rank == 0:
-        comm.run(R(P.all_reduce, x.data_ptr(), 0, x.numel(), _C.DataType.float32, stream=stream))
-        with pytest.raises(RuntimeError, match="did not finish.*rank 0 of 2.*rank 1"):
-            ring.synchronize(5.0)
-        store.set("rank0-done", b"1")
+        try:
+            comm.run(R(P.all_reduce, x.data_ptr(), 0, x.numel(), _C.DataType.float32,
+                       stream=stream))
+            with pytest.raises(RuntimeError, match="did not finish.*rank 0 of 2.*rank 1"):
+                ring.synchronize(5.0)
+        finally:  # also when the check fails here: rank 1 must not wait out the launch
+            store.set("rank0-done", b"1")
     else:
         store.get("rank0-done")
         ring.abort("test over")
 
 
+@shares_launch(_on_ring, _all_primitives)
 @pytest.mark.parametrize("world", WORLDS)
-def test_every_primitive(world):
-    launch(world, _on_ring, _all_primitives, timeout=240, **ON_SHARED_GPU)
+def test_every_primitive(world, on_ranks):
+    on_ranks.values()
 
 
+@shares_launch(_on_ring, _stream_semantics)
 @pytest.mark.parametrize("world", WORLDS[:1])
-def test_stream_semantics_and_graphs(world):
-    launch(world, _on_ring, _stream_semantics, timeout=240, **ON_SHARED_GPU)
+def test_stream_semantics_and_graphs(world, on_ranks):
+    on_ranks.values()
 
 
-def test_timeout_names_peers():
-    launch(2, _on_ring, _timeout, timeout=240, **ON_SHARED_GPU)
+@shares_launch(_on_ring, _timeout, world=2)
+def test_timeout_names_peers(on_ranks):
+    on_ranks.values()
 
 
 def test_missing_peer_times_out_at_creation():
@@ -542,14 +558,6 @@ def test_missing_peer_times_out_at_creation():
     uid = _C.nccl_unique_id(**cuda_backend.nccl_search())
     with pytest.raises(_C.CommTimeoutError, match="creating the NCCL communicator.*rank 0 of 2"):
         _C.CudaRing(0, 2, 0, uid, timeout=5.0, library_hint=cuda_backend.nccl_library_hint())
-
-
-def test_python_api_on_cuda_tensors():
-    """The public API on CUDA tensors, once ringcomm.Communicator supports them."""
-    results = launch(WORLDS[0], _api_all_reduce, timeout=180, **ON_SHARED_GPU)
-    if all(r == "SKIP" for r in results):
-        pytest.skip("ringcomm.Communicator does not support CUDA tensors yet")
-    assert "SKIP" not in results, results
 
 
 def _api_all_reduce(rank, world):
@@ -565,6 +573,15 @@ def _api_all_reduce(rank, world):
     torch.cuda.synchronize()
     assert torch.all(t == world * (world + 1) / 2)
     comm.close()
+
+
+@shares_launch(_api_all_reduce, world=WORLDS[0])
+def test_python_api_on_cuda_tensors(on_ranks):
+    """The public API on CUDA tensors, once ringcomm.Communicator supports them."""
+    results = on_ranks.values()
+    if all(r == "SKIP" for r in results):
+        pytest.skip("ringcomm.Communicator does not support CUDA tensors yet")
+    assert "SKIP" not in results, results
 
 
 # -- point to point and all-to-all over the ring's NCCL communicator ---------------------------
@@ -615,9 +632,10 @@ def _point_to_point(comm, ring, rank, world, store):
     ring.synchronize(60.0)
 
 
+@shares_launch(_on_ring, _point_to_point)
 @pytest.mark.parametrize("world", WORLDS)
-def test_point_to_point_and_all_to_all(world):
-    launch(world, _on_ring, _point_to_point, timeout=240, **ON_SHARED_GPU)
+def test_point_to_point_and_all_to_all(world, on_ranks):
+    on_ranks.values()
 
 
 def _api_point_to_point(rank, world):
@@ -672,8 +690,9 @@ def _api_point_to_point(rank, world):
     dist.destroy_process_group(group)
 
 
-def test_python_point_to_point_on_cuda():
-    launch(WORLDS[0], _api_point_to_point, timeout=240, **ON_SHARED_GPU)
+@shares_launch(_api_point_to_point, world=WORLDS[0])
+def test_python_point_to_point_on_cuda(on_ranks):
+    on_ranks.values()
 
 
 # -- one-hop algorithms: publications over NCCL -------------------------------------------------
@@ -706,15 +725,18 @@ def _publication_rounds(comm, ring, rank, world, store):
                              f"round {k} phase {p}: rank {owner}'s publication, {counts}")
 
 
+@shares_launch(_on_ring, _publication_rounds)
 @pytest.mark.parametrize("world", WORLDS)
-def test_publication_rounds(world):
-    launch(world, _on_ring, _publication_rounds, timeout=240, **ON_SHARED_GPU)
+def test_publication_rounds(world, on_ranks):
+    on_ranks.values()
 
 
-def _one_hop_all_reduce(name, comm, ring, rank, world, store):
+def _one_hop_all_reduce(comm, ring, rank, world, store, name):
     """Exact sums (and avg, max, min, prod) with a one-hop algorithm against the same reference
-    as the ring; float results have the same bits on every rank. Returns the core's refusal
-    when it does not run the algorithm on NCCL (not built for it yet), else None."""
+    as the ring; float results have the same bits on every rank. Returns why it did not run
+    (this build has no such algorithm, or the core refuses it on NCCL), else None."""
+    if name not in _C.Algorithm.__members__:
+        return f"this build has no {name}"
     stream = torch.cuda.current_stream().cuda_stream
     algorithm = _C.Algorithm.__members__[name]
     try:
@@ -746,15 +768,13 @@ def _one_hop_all_reduce(name, comm, ring, rank, world, store):
     return None
 
 
+@shares_launch(_on_ring, _one_hop_all_reduce)
 @pytest.mark.parametrize("name", ["one_shot", "two_shot"])
 @pytest.mark.parametrize("world", WORLDS)
-def test_one_hop_all_reduce_exact(world, name):
-    if _C is None or name not in _C.Algorithm.__members__:
-        pytest.skip(f"this build has no {name}")
-    refused = launch(world, _on_ring, functools.partial(_one_hop_all_reduce, name), timeout=240,
-                     **ON_SHARED_GPU)
+def test_one_hop_all_reduce_exact(world, name, on_ranks):
+    refused = on_ranks.values()
     if refused[0]:
-        pytest.skip(f"refused on NCCL by the core: {refused[0]}")
+        pytest.skip(f"not run: {refused[0]}")
 
 
 # -- the GPU check's first tests: every collective exact, then DDP and the torch backend ----------
@@ -783,9 +803,9 @@ def world2_sweep(rank, world, device="cuda"):
     return checker.failures, checker.cases
 
 
-@pytest.mark.timeout(75)
-def test_world2_every_collective_dtype_op_exact_in_one_launch():
-    results = launch(2, world2_sweep, timeout=70, **ON_SHARED_GPU)
+@shares_launch(world2_sweep, world=2)
+def test_world2_every_collective_dtype_op_exact_in_one_launch(on_ranks):
+    results = on_ranks.values()
     failures = [f for rank_failures, _ in results for f in rank_failures]
     assert results[0][1] > 1000, results[0][1]
     assert not failures, f"{len(failures)} wrong cases, first: " + "\n".join(failures[:10])
@@ -821,8 +841,9 @@ def ddp_hook_against_stock(rank, world, device="cuda"):
     return params
 
 
-def test_ddp_hook_on_cuda_matches_stock_ddp():
-    check_ddp_hook_against_stock(launch(2, ddp_hook_against_stock, timeout=120, **ON_SHARED_GPU))
+@shares_launch(ddp_hook_against_stock, world=2)
+def test_ddp_hook_on_cuda_matches_stock_ddp(on_ranks):
+    check_ddp_hook_against_stock(on_ranks.values())
 
 
 def check_ddp_hook_against_stock(results):
@@ -860,8 +881,9 @@ def backend_collectives(rank, world, device="cuda"):
     return out
 
 
-def test_torch_backend_on_cuda():
-    check_backend_collectives(launch(2, backend_collectives, timeout=120, **ON_SHARED_GPU))
+@shares_launch(backend_collectives, world=2)
+def test_torch_backend_on_cuda(on_ranks):
+    check_backend_collectives(on_ranks.values())
 
 
 def check_backend_collectives(results):

@@ -74,22 +74,44 @@ from ringcomm import _C  # noqa: E402
 def test_shared_gpu_env_picks_the_nccl_path():
     """Ranks sharing one GPU: NCCL >= 2.30.3 is asked to allow it; older NCCL (2.30.0-2.30.2
     included, which lack the switch) sees each rank as its own host (a different NCCL_HOSTID),
-    talking over loopback."""
+    talking over loopback. On both paths NVLS and multi-node NVLink are off and NCCL's kernels
+    use few CTAs."""
     from ringcomm.cuda_backend import shared_gpu_env
 
-    assert shared_gpu_env(3, nccl_version=23003) == {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}
-    assert shared_gpu_env(3, nccl_version=23200) == {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}
-    for version in (22809, 23000, 23002):
-        old = [shared_gpu_env(r, nccl_version=version) for r in range(2)]
-        assert all(env["NCCL_SOCKET_IFNAME"] == "lo" and env["NCCL_IB_DISABLE"] == "1"
-                   for env in old)
+    both = {"NCCL_NVLS_ENABLE": "0", "NCCL_MNNVL_ENABLE": "0", "NCCL_MAX_CTAS": "8"}
+    for version in (23003, 23200):
+        assert shared_gpu_env(3, nccl_version=version, environ={}) == {
+            "NCCL_MULTI_RANK_GPU_ENABLE": "1", **both}
+    for version in (22809, 22907, 23000, 23002):
+        old = [shared_gpu_env(r, nccl_version=version, environ={}) for r in range(2)]
+        for env in old:
+            assert env["NCCL_SOCKET_IFNAME"] == "lo" and env["NCCL_IB_DISABLE"] == "1"
+            assert {k: env[k] for k in both} == both
+            assert "NCCL_MULTI_RANK_GPU_ENABLE" not in env
         assert old[0]["NCCL_HOSTID"] != old[1]["NCCL_HOSTID"]
-        assert "NCCL_MULTI_RANK_GPU_ENABLE" not in old[0]
+
+
+def test_shared_gpu_env_keeps_what_the_user_set():
+    """A user's NCCL settings win; a user's NCCL_HOSTID still differs per rank (one shared host
+    id would be "Duplicate GPU detected" again)."""
+    from ringcomm.cuda_backend import shared_gpu_env
+
+    user = {"NCCL_MAX_CTAS": "2", "NCCL_NVLS_ENABLE": "1", "NCCL_SOCKET_IFNAME": "eth0",
+            "NCCL_HOSTID": "box"}
+    old = [shared_gpu_env(r, nccl_version=22809, environ=user) for r in range(2)]
+    for rank, env in enumerate(old):
+        assert env["NCCL_MAX_CTAS"] == "2" and env["NCCL_NVLS_ENABLE"] == "1"
+        assert env["NCCL_SOCKET_IFNAME"] == "eth0"
+        assert env["NCCL_MNNVL_ENABLE"] == "0" and env["NCCL_IB_DISABLE"] == "1"
+        assert env["NCCL_HOSTID"].startswith("box") and str(rank) in env["NCCL_HOSTID"]
+    assert old[0]["NCCL_HOSTID"] != old[1]["NCCL_HOSTID"]
+    new = shared_gpu_env(0, nccl_version=23003, environ=user)
+    assert new["NCCL_MAX_CTAS"] == "2" and "NCCL_HOSTID" not in new
 
 
 def test_shared_gpu_env_asks_the_nccl_ringcomm_loads():
     from launcher import shared_gpu_env as test_env
-    from ringcomm.cuda_backend import MULTI_RANK_GPU_NCCL, nccl_search
+    from ringcomm.cuda_backend import MULTI_RANK_GPU_NCCL, SHARED_GPU_DEFAULTS, nccl_search
 
     if not _C.build_info()["cuda"]:
         pytest.skip("ringcomm was built without CUDA (no nvcc at build time)")
@@ -98,10 +120,9 @@ def test_shared_gpu_env_asks_the_nccl_ringcomm_loads():
     except _C.RingcommError as error:
         pytest.skip(f"NCCL's library (libnccl.so.2) could not be loaded: {str(error).splitlines()[0]}")
     env = test_env(0)
-    assert env["NCCL_MAX_CTAS"]
     expected = ({"NCCL_MULTI_RANK_GPU_ENABLE"} if version >= MULTI_RANK_GPU_NCCL else
                 {"NCCL_HOSTID", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE"})
-    assert set(env) - {"NCCL_MAX_CTAS"} == expected
+    assert set(env) == expected | set(SHARED_GPU_DEFAULTS)
 
 
 def test_the_nccl_library_option_is_the_only_place_looked_at(tmp_path):
