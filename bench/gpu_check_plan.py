@@ -58,7 +58,8 @@ TESTS = {
                    Test("test_wire_all_reduce", 15, 2),
                    Test("test_nccl_loads_and_makes_ids", 2),
                    Test("test_reduce_kernel_exact", 25),
-                   Test("test_wire_reduce_kernel_matches_cpu", 10)],
+                   Test("test_wire_reduce_kernel_matches_cpu", 10),
+                   Test("test_a_cuda_work_waits_on_the_gpu_not_the_host", 5)],
     "tests4": [Test("test_every_primitive", 30, 4), Test("test_wire_all_reduce", 25, 4)],
 }
 

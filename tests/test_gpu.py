@@ -514,6 +514,18 @@ def _stream_semantics(comm, ring, rank, world, store):
         assert torch.all(buf == total + world * round_), f"replay beside eager, round {round_}"
         assert torch.all(other == 2 * total), f"eager beside a replay, round {round_}"
 
+    # Repeated on the same buffers, a collective is recorded at its second call and replayed by
+    # the later ones (cuda_graphs): every round exact, on the current stream.
+    bucket = torch.empty((3 << 20) + 7, device="cuda")
+    current = torch.cuda.current_stream()
+    for round_ in range(5):
+        bucket.fill_(rank + 1.0 + round_)
+        comm.run(R(P.all_reduce, bucket.data_ptr(), 0, bucket.numel(), _C.DataType.float32,
+                   stream=current.cuda_stream))
+        twice = bucket * 2  # ordered after the collective on the same stream
+        torch.cuda.synchronize()
+        assert torch.all(twice == 2 * (total + world * round_)), f"repeated, round {round_}"
+
 
 def _timeout(comm, ring, rank, world, store):
     """A rank that stops calling makes the other time out with an error naming its peers."""
@@ -895,3 +907,39 @@ def check_backend_collectives(results):
         assert torch.equal(out["broadcast"], torch.ones(n))
     for rank, out in enumerate(results):
         assert torch.equal(out["reduce_scatter"], 2 * torch.cat([summed, summed])[rank * n:][:n])
+
+
+def test_a_cuda_work_waits_on_the_gpu_not_the_host(tmp_path):
+    """The torch backend's Work on CUDA tensors, as NCCL's (one rank, in pytest's process): the
+    call is enqueued on the current stream, wait() orders the caller's current stream after it
+    without blocking the host, is_completed() asks the GPU, and the Future carries the device."""
+    import torch.distributed as dist
+
+    import ringcomm  # noqa: F401  (registers the backend)
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("ringcomm", store=store, rank=0, world_size=1)
+    try:
+        _work_semantics(dist)
+    finally:
+        dist.destroy_process_group()
+
+
+def _work_semantics(dist):
+    import time
+
+    t = torch.arange(1 << 20, dtype=torch.float32, device="cuda")
+    torch.cuda._sleep(int(2e9))  # keeps the current stream busy for about a second
+    work = dist.all_reduce(t, async_op=True)
+    assert not work.is_completed(), "is_completed() must ask the GPU, which is still busy"
+    begun = time.perf_counter()
+    work.wait()
+    assert time.perf_counter() - begun < 0.5, "wait() blocked the host"
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        work.get_future().wait()  # orders the side stream after the collective
+        copy = t * 1
+    torch.cuda.synchronize()
+    assert work.is_completed() and work.is_success()
+    assert torch.equal(copy, torch.arange(1 << 20, dtype=torch.float32, device="cuda"))
+    assert work.get_future().value()[0].device.type == "cuda"
