@@ -23,7 +23,9 @@ except ringcomm.RingcommError as error:
 
 
 def rank_command(port, rank, timeout):
-    return [sys.executable, "-c", RANK.format(port=port, rank=rank, timeout=timeout)]
+    # -P: the working folder (a source checkout, maybe unbuilt) must not shadow the ringcomm
+    # this test imported, which checkout_env puts on the path.
+    return [sys.executable, "-P", "-c", RANK.format(port=port, rank=rank, timeout=timeout)]
 
 
 def run_alone(port, rank, timeout=2):
