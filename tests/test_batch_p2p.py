@@ -1,8 +1,9 @@
 """Sends and receives posted as one batch, driven through the NcclTransport that ships over the
 host implementation of CUDA and NCCL (_C.testing.host_gpu), where a send blocks until its
 matching receive is posted, as on NCCL. Posted one by one, two ranks that both send first wait
-for each other until the timeout; as one batch (Communicator.batch_isend_irecv) they exchange,
-exactly, in one NCCL group per rank. Mismatched batches fail within the timeout."""
+for each other until the timeout; as one batch (Communicator.batch_isend_irecv, and
+torch.distributed.batch_isend_irecv through the torch backend) they exchange, exactly, in one
+NCCL group per rank. Mismatched batches fail within the timeout."""
 import time
 
 import pytest
@@ -12,6 +13,7 @@ import torch.distributed as dist
 from host_gpu_world import host_gpu, host_nccl_backend, raise_first, run_ranks  # noqa: I100
 
 from ringcomm import _C, P2POp
+from ringcomm.process_group import ProcessGroupRingcomm
 
 TIMEOUT = 2.0
 BIG = 100_003  # float32: 400 KB, far more than the 4 x 256-byte staging slots
@@ -189,4 +191,51 @@ def test_bad_batches_are_refused_before_anything_is_sent():
         assert "is this rank" in errors[2], errors[2]
         assert "'send' or 'recv'" in errors[3], errors[3]
         assert "ringcomm.P2POp" in errors[4], errors[4]
+    assert host_gpu.violations() == []
+
+
+# -- torch.distributed.batch_isend_irecv through the torch backend ------------------------------
+
+def _torch_batches(comm):
+    """torch's own batch_isend_irecv on a ringcomm process group whose point-to-point runs over
+    the host NCCL: both ranks list their sends first, large messages, a non-contiguous receive.
+    Outside a batch, isend and irecv still go out one by one, in an order that meets."""
+    r, n = comm.rank, comm.world_size
+    pg = ProcessGroupRingcomm(None, r, n, None, communicator=comm)
+    # What init_process_group records for a group (threads share one torch.distributed state).
+    dist.distributed_c10d._world.pg_group_ranks[pg] = {q: q for q in range(n)}
+    try:
+        peer = 1 - r
+        got = torch.zeros(BIG)
+        strided = torch.zeros(2, 64).t()  # not contiguous: received into a copy, copied back
+        works = dist.batch_isend_irecv([
+            dist.P2POp(dist.isend, _values(r, peer, BIG), group=pg, group_peer=peer),
+            dist.P2POp(dist.isend, _values(r, peer, 128, k=1).view(2, 64).t(), group=pg,
+                       group_peer=peer, tag=3),
+            dist.P2POp(dist.irecv, got, group=pg, group_peer=peer),
+            dist.P2POp(dist.irecv, strided, group=pg, group_peer=peer, tag=3),
+        ])
+        waited = [w.wait() for w in works]
+        completed = [w.is_completed() for w in works]
+        exact = [torch.equal(got, _values(peer, r, BIG)),
+                 torch.equal(strided, _values(peer, r, 128, k=1).view(2, 64).t())]
+        single = torch.zeros(5)
+        if r == 0:
+            dist.isend(torch.arange(5.0), group=pg, group_dst=1).wait()
+        else:
+            dist.irecv(single, group=pg, group_src=0).wait()
+        return len(works), waited, completed, exact, single.tolist()
+    finally:
+        del dist.distributed_c10d._world.pg_group_ranks[pg]
+
+
+def test_torch_batch_isend_irecv_goes_out_as_one_group():
+    with host_nccl_backend(slice_bytes=256, slots=4, timeout=10.0):
+        results = raise_first(run_ranks(2, _torch_batches))
+        # One group per rank for its batch, then one for the single send and one for its receive.
+        assert _group_ends() == 2 + 2, host_gpu.calls()
+    for rank, (works, waited, completed, exact, single) in enumerate(results):
+        assert works == 4 and waited == [True] * 4 and completed == [True] * 4
+        assert exact == [True, True]
+        assert single == ([0.0] * 5 if rank == 0 else [0.0, 1.0, 2.0, 3.0, 4.0])
     assert host_gpu.violations() == []
