@@ -8,6 +8,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <tuple>
 
 #include "cpu/cpu_reducer.h"
 #include "cpu/shm_p2p.h"
@@ -365,6 +366,20 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("peer"), py::arg("tag"),
           py::arg("stream") = 0, release)
+      .def(
+          "send_recv_batch",
+          [](Comm& c,
+             const std::vector<std::tuple<bool, uintptr_t, size_t, DataType, int, int>>& ops,
+             uintptr_t stream) {
+            std::vector<PointToPointOp> batch;
+            batch.reserve(ops.size());
+            for (const auto& [send, data, n, t, peer, tag] : ops)
+              batch.push_back(PointToPointOp{send, address(data), n, t, peer, tag});
+            c.sendRecvBatch(batch, stream);
+          },
+          py::arg("ops"), py::arg("stream") = 0, release,
+          "Sends and receives as one unit (one NCCL group): ops are (is_send, address, count, "
+          "dtype, peer, tag) tuples")
       .def(
           "all_to_all",
           [](Comm& c, uintptr_t out, uintptr_t in, const std::vector<size_t>& sendCounts,

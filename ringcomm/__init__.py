@@ -21,6 +21,7 @@ from ._C import CommTimeoutError, MismatchError, PeerError, RingcommError
 from .communicator import Communicator
 from .ops import ReduceOp
 from .options import CommOptions
+from .point_to_point import P2POp
 from .schedule import Schedule, schedule
 from .stats import CommStats
 from . import process_group
@@ -35,6 +36,7 @@ __all__ = [
     "RingcommError",
     "CommTimeoutError",
     "MismatchError",
+    "P2POp",
     "PeerError",
     "Schedule",
     "build_info",

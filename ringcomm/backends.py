@@ -17,6 +17,11 @@ class Backend:
     # (buffer) -> the caller's queue of device work as an integer, or None for host backends,
     # whose collectives run on the calling thread (or the worker) and end before they return.
     stream: Callable = lambda buffer: None
+    # Whether point-to-point calls go over this backend's own communicator (NCCL reaches every
+    # rank), ordered on the caller's stream, with NCCL's pairing: a send completes only together
+    # with its matching receive, so an exchange must be posted as one batch. False: they go
+    # over the CPU's point-to-point links, where a send returns once its message is handed over.
+    p2p_on_ring: bool = False
 
 
 _BY_NAME, _BY_DEVICE = {}, {}

@@ -117,4 +117,4 @@ def current_stream(buf):
 
 
 backends.register(backends.Backend("cuda-nccl", "cuda", create, available=available,
-                                   stream=current_stream))
+                                   stream=current_stream, p2p_on_ring=True))

@@ -14,16 +14,19 @@ the queued ones first. CUDA calls are ordered on the current stream instead.
 
 Under torch.compile the methods run as plain Python, never traced (see `_outside_dynamo`).
 """
+import contextlib
 import inspect
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
-from . import _C, waiting
+from . import _C, backends, waiting
 from .buffers import cpu_array
 from .communicator import Communicator
+from .point_to_point import P2POp
 from .rendezvous import Rendezvous
 from .ops import to_c_op
 
@@ -104,23 +107,89 @@ class _Contiguous:
             self.tensor.copy_(self.buffer)
 
 
+def _on_ring(tensor):
+    """Whether point-to-point on this tensor's device goes over the ring's own communicator
+    (NCCL: stream-ordered, a send completes only with its receive) rather than CPU links."""
+    return backends.for_device(tensor.device.type).p2p_on_ring
+
+
+# torch.distributed.batch_isend_irecv's code, to recognize the sends and receives it makes. On a
+# process group written in Python torch runs the list one operation at a time: its coalescing
+# path, which brackets the list, is taken for its own ProcessGroup class only. So the list in
+# that call's frame is the only sign of which sends and receives form one batch.
+_BATCH_CODE = inspect.unwrap(dist.batch_isend_irecv).__code__
+
+
+def _torch_batch():
+    """The P2POp list of the torch.distributed.batch_isend_irecv call that the current send or
+    receive comes from (a few frames up, through isend or irecv), else None."""
+    frame = sys._getframe(1)
+    for _ in range(8):
+        if frame is None:
+            return None
+        if frame.f_code is _BATCH_CODE:
+            ops = frame.f_locals.get(_BATCH_CODE.co_varnames[0])  # its first argument
+            return ops if isinstance(ops, list) else None
+        frame = frame.f_back
+    return None
+
+
+class _RingBatch:
+    """Sends and receives over the ring's communicator that go out as one group: those of one
+    torch.distributed.batch_isend_irecv call (`source`, its list of P2POps), or a single one."""
+
+    def __init__(self, source):
+        self.source = source
+        # How many of the list's operations reach this batch (those on the ring's device).
+        self.expected = 1 if source is None else sum(_on_ring(op.tensor) for op in source)
+        self.ops, self.results, self.futures, self.copies = [], [], [], []
+        self.stream = None  # the current CUDA stream at the first operation
+        self.posted = False
+
+    def add(self, kind, tensors, peer, tag):
+        """Adds a send or receive; returns the Future its Work completes with."""
+        (tensor,) = tensors
+        if not self.ops and tensor.is_cuda:
+            self.stream = torch.cuda.current_stream(tensor.device)
+        buffer = tensor if tensor.is_contiguous() else tensor.contiguous()
+        if kind == "recv" and buffer is not tensor:
+            self.copies.append((tensor, buffer))
+        self.ops.append(P2POp(kind, buffer, peer, tag))
+        self.results.append(tensors)
+        # CUDA: completed with the stream that ran the batch, which wait() then orders after.
+        future = (torch.futures.Future(devices=[tensor.device]) if tensor.is_cuda
+                  else torch.futures.Future())
+        self.futures.append(future)
+        return future
+
+    def on_stream(self):
+        if self.stream is None:
+            return contextlib.nullcontext()
+        return torch.cuda.stream(self.stream)
+
+
 class ProcessGroupRingcomm(dist.ProcessGroup):
     """A torch.distributed process group whose collectives run on a ringcomm Communicator.
 
     Built by torch for ``init_process_group("ringcomm")`` / ``new_group(backend="ringcomm")``;
-    ``self.communicator`` is the underlying :class:`ringcomm.Communicator`.
+    ``self.communicator`` is the underlying :class:`ringcomm.Communicator`, built from the store
+    unless one of these ranks is given.
     """
 
-    def __init__(self, store, rank, world_size, timeout, group_name="ringcomm"):
+    def __init__(self, store, rank, world_size, timeout, group_name="ringcomm", *,
+                 communicator=None):
         super().__init__(rank, world_size)
-        # Keys named after the group: ranks outside a sub-group never build it, so a per-process
-        # count of communicators would drift between ranks.
-        rendezvous = Rendezvous.from_store(store, rank, world_size, timeout, name=group_name)
-        self.communicator = Communicator(rendezvous)
+        if communicator is None:
+            # Keys named after the group: ranks outside a sub-group never build it, so a
+            # per-process count of communicators would drift between ranks.
+            rendezvous = Rendezvous.from_store(store, rank, world_size, timeout, name=group_name)
+            communicator = Communicator(rendezvous)
+        self.communicator = communicator
         self._all_reduce_algorithm = self.communicator.default_algorithm("all_reduce")
         self._rank, self._world_size = rank, world_size
         self._group_name = self._group_desc = ""
         self._p2p_threads, self._p2p_last = None, {}
+        self._batch = None  # a batch_isend_irecv's operations on the ring, until its last one
 
     # -- identity (FSDP2 and torch's group registry use these) ---------------------------------
 
@@ -308,18 +377,25 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         return _completed([token])
 
     # -- point to point and all-to-all ------------------------------------------------------
-    # A send returns once its message is handed over, but a large one waits for the receiver to
-    # drain it: isend and irecv run on one thread each, so `isend; irecv; wait` works both ways.
-    # On CUDA, as with NCCL, a send completes only with its matching recv: call them in an order
-    # where each pair meets (or batch_isend_irecv-style, sends and receives alternating).
+    # CPU: a send returns once its message is handed over, but a large one waits for the
+    # receiver to drain it: isend and irecv run on one thread each, so `isend; irecv; wait`
+    # works both ways.
+    # CUDA, as with NCCL: a send completes only together with its matching recv, and sends and
+    # receives in separate NCCL groups pair in order, so two ranks that both send first wait for
+    # each other (at their first exchange, which connects, and for large messages). Exchange
+    # with dist.batch_isend_irecv: its sends and receives go out as one NCCL group.
 
     def send(self, tensors, dst, tag):
         (tensor,) = tensors
+        if _on_ring(tensor):
+            return self._ring_p2p("send", tensors, dst, tag)
         return self._p2p("send", lambda: self.communicator.send(tensor.contiguous(), dst, tag),
                          tensors)
 
     def recv(self, tensors, src, tag):
         (tensor,) = tensors
+        if _on_ring(tensor):
+            return self._ring_p2p("recv", tensors, src, tag)
 
         def receive():
             with _Contiguous(tensor) as buf:
@@ -329,7 +405,7 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
 
     def recv_anysource(self, tensors, tag):
         (tensor,) = tensors
-        if tensor.is_cuda:  # as NCCL's backend: its messages carry no sender to match on
+        if _on_ring(tensor):  # as NCCL's backend: its messages carry no sender to match on
             raise NotImplementedError("ringcomm backend: recv from any source (recv without "
                                       "src) is not supported on CUDA tensors: name the sender")
         source = []
@@ -375,13 +451,45 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
         body()
         return _finish(opts, result)
 
+    def _ring_p2p(self, kind, tensors, peer, tag):
+        """A send or receive over the ring's communicator (NCCL), ordered on the current stream
+        (one NCCL communicator must not be driven from two threads). One that
+        torch.distributed.batch_isend_irecv makes waits for the rest of its list, which then
+        goes out as one NCCL group; any other goes out at once, as NCCL's backend does."""
+        source = _torch_batch()
+        batch = self._batch
+        if batch is not None and batch.source is not source:
+            self._post(batch)  # a list cut short (torch raised inside it): what it has
+            batch = None
+        if batch is None:
+            batch = self._batch = _RingBatch(source)
+        future = batch.add(kind, tensors, peer, tag)
+        if len(batch.ops) >= batch.expected:
+            self._post(batch)
+        return _FutureWork(future, self.communicator.abort, post=lambda: self._post(batch))
+
+    def _post(self, batch):
+        """Runs a batch as one group, on the stream its first operation was issued on, and
+        completes its Works; a failure fails every one of them."""
+        if self._batch is batch:
+            self._batch = None
+        if batch.posted:
+            return
+        batch.posted = True
+        with batch.on_stream():
+            try:
+                self.communicator.batch_isend_irecv(batch.ops)
+                for tensor, buffer in batch.copies:
+                    tensor.copy_(buffer)
+            except Exception as error:
+                for future in batch.futures:
+                    future.set_exception(error)
+                raise
+            for future, result in zip(batch.futures, batch.results):
+                future.set_result(result)
+
     def _p2p(self, kind, call, tensors, source=None):
-        """Runs a send or recv on its own thread; the Work completes when it has. On CUDA it
-        runs now instead, ordered on the current stream as NCCL's are (one NCCL communicator
-        must not be driven from two threads)."""
-        if tensors[0].is_cuda:
-            call()
-            return _CudaWork(tensors, tensors[0].device)
+        """Runs a send or recv on its own thread; the Work completes when it has."""
         if self._p2p_threads is None:
             self._p2p_threads = {k: ThreadPoolExecutor(1, thread_name_prefix=f"ringcomm-{k}")
                                  for k in ("send", "recv")}
@@ -413,24 +521,30 @@ class ProcessGroupRingcomm(dist.ProcessGroup):
 
 
 class _FutureWork(dist._Work):
-    """The Work of a call run on another thread (the worker, a send or receive thread): wait()
-    raises what the call raised (a Work made by torch from a Future returns True from wait()
-    even then) and, interrupted by Ctrl-C, aborts the communicator (ringcomm.waiting); a
-    completed receive from any source knows its sender's rank."""
+    """The Work of a call run on another thread (the worker, a send or receive thread) or held
+    in a point-to-point batch: wait() raises what the call raised (a Work made by torch from a
+    Future returns True from wait() even then) and, interrupted by Ctrl-C, aborts the
+    communicator (ringcomm.waiting); a completed receive from any source knows its sender's
+    rank. `post`: what makes it go out if it has not yet (a batch cut short goes out when one of
+    its Works is used)."""
 
-    def __init__(self, future, abort, source=None):
+    def __init__(self, future, abort, source=None, post=None):
         super().__init__()
-        self._future, self._abort, self._source = future, abort, source
+        self._future, self._abort, self._source, self._post = future, abort, source, post
         self._cpp_future = None  # get_future's
 
     def wait(self, timeout=None):
-        waiting.wait(self._future, self._abort)  # raises the call's exception
+        self._posted()
+        # Raises the call's exception; on CUDA orders the current stream after the call.
+        waiting.wait(self._future, self._abort)
         return True
 
     def is_completed(self):
+        self._posted()
         return self._future.done()
 
     def is_success(self):
+        self._posted()
         if not self._future.done():
             return False
         try:
@@ -440,6 +554,7 @@ class _FutureWork(dist._Work):
             return False
 
     def get_future(self):
+        self._posted()
         # A Future completed from Python with set_exception holds the exception as its value
         # (Python's wait() raises it): a C++ consumer such as DDP's reducer would take it for
         # the result (and crash reading tensors out of it). An exception raised in a then()
@@ -448,6 +563,10 @@ class _FutureWork(dist._Work):
         if self._cpp_future is None:
             self._cpp_future = self._future.then(lambda done: done.wait())
         return self._cpp_future
+
+    def _posted(self):
+        if self._post is not None:
+            self._post()
 
     def _source_rank(self):
         if not self._source:

@@ -20,7 +20,7 @@ if not _C.build_info()["cuda"]:
 host_gpu = _C.testing.host_gpu
 
 # What the core communicator runs on the caller's stream (here its default stream).
-_STREAM_ORDERED = {"run", "send", "recv", "all_to_all"}
+_STREAM_ORDERED = {"run", "send", "recv", "send_recv_batch", "all_to_all"}
 
 
 class _Synchronized:
@@ -58,7 +58,9 @@ def host_nccl_backend(slice_bytes=256, slots=4, publish_bytes=0, timeout=20.0, c
         return _Synchronized(comm, ring)
 
     shm = backends.for_device("cpu")
-    backends.register(backends.Backend("host-nccl", "cpu", create, available=lambda: True))
+    # Point-to-point on CPU tensors goes over the ring's NcclTransport too, as on CUDA.
+    backends.register(backends.Backend("host-nccl", "cpu", create, available=lambda: True,
+                                       p2p_on_ring=True))
     host_gpu.reset()
     try:
         yield

@@ -158,6 +158,23 @@ def _collectives(rank, world_size, store_path):
         for w in works:
             w.wait()
         check("isend/irecv 4 MiB both ways", got, torch.full((big,), float(peer)))
+    # torch's batch_isend_irecv, every rank listing its sends first: to every other rank, then
+    # to the next one again (two messages of a pair, which match in order), 4 MiB each.
+    others = [p for p in range(n) if p != rank]
+    nxt, prv = (rank + 1) % n, (rank - 1) % n
+    got = {p: torch.empty(big) for p in others}
+    again = torch.empty(big)
+    works = dist.batch_isend_irecv(
+        [dist.P2POp(dist.isend, torch.full((big,), 10.0 * rank + p), p, tag=5) for p in others]
+        + [dist.P2POp(dist.isend, torch.full((big,), -1.0 - rank), nxt, tag=6)]
+        + [dist.P2POp(dist.irecv, got[p], p, tag=5) for p in others]
+        + [dist.P2POp(dist.irecv, again, prv, tag=6)])
+    assert len(works) == len(others) * 2 + 2, works
+    for w in works:
+        assert w.wait()
+    for p in others:
+        check(f"batch_isend_irecv from {p}", got[p], torch.full((big,), 10.0 * p + rank))
+    check("batch_isend_irecv again from the previous rank", again, torch.full((big,), -1.0 - prv))
     # all_to_all_single with uneven splits, and the list form.
     rows = lambda s, d: (s + 2 * d) % 3 + (s == d)  # noqa: E731
     inp = torch.cat([torch.full((rows(rank, p), 2), 10.0 * rank + p) for p in range(n)])

@@ -663,12 +663,23 @@ def _api_point_to_point(rank, world):
     pair = [lambda: comm.send(x, nxt, tag=3), lambda: comm.recv(got, prev, tag=3)]
     for call in pair if rank % 2 == 0 else pair[::-1]:
         call()
+    # Every rank sends first, to both neighbours, messages beyond NCCL's buffers: one NCCL group
+    # per rank, so no order waits (at world 2 both neighbours are one rank: two messages each way).
+    big = (4 << 20) + 3
+    from_prev, from_nxt = torch.zeros(big, device="cuda"), torch.zeros(big, device="cuda")
+    comm.batch_isend_irecv([ringcomm.P2POp("send", _block(rank, nxt, big, torch.float32), nxt),
+                            ringcomm.P2POp("send", _block(rank, prev, big, torch.float32) + 0.5,
+                                           prev),
+                            ringcomm.P2POp("recv", from_prev, prev),
+                            ringcomm.P2POp("recv", from_nxt, nxt)])
     splits = [p + 1 for p in range(world)]  # rank p sends every rank p + 1 rows of 2
     inp = torch.cat([_block(rank, p, 2 * (rank + 1), torch.int64) for p in range(world)])
     out = torch.empty(sum(2 * (p + 1) for p in range(world)), dtype=torch.int64, device="cuda")
     comm.all_to_all(out.view(-1, 2), inp.view(-1, 2), splits, [rank + 1] * world)
     torch.cuda.synchronize()
     _assert_same(got, _block(prev, rank, 1001, torch.float32), "Communicator send/recv")
+    _assert_same(from_prev, _block(prev, rank, big, torch.float32), "batch from the previous rank")
+    _assert_same(from_nxt, _block(nxt, rank, big, torch.float32) + 0.5, "batch from the next rank")
     _assert_same(out, torch.cat([_block(p, rank, 2 * (p + 1), torch.int64) for p in range(world)]),
                  "Communicator all_to_all")
     try:
@@ -697,8 +708,15 @@ def _api_point_to_point(rank, world):
     ops = [lambda: dist.send(m, nxt, group=group), lambda: dist.recv(r, prev, group=group)]
     for call in ops if rank % 2 == 0 else ops[::-1]:
         call()
+    # torch's batch_isend_irecv, sends listed first on every rank: one NCCL group per rank.
+    sent, into = torch.full((big,), float(rank), device="cuda"), torch.empty(big, device="cuda")
+    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, sent, nxt, group),
+                                    dist.P2POp(dist.irecv, into, prev, group)])
+    for work in works:
+        work.wait()
     torch.cuda.synchronize()
     _assert_same(r, torch.full((5,), float(prev), device="cuda"), "backend send/recv")
+    _assert_same(into, torch.full((big,), float(prev), device="cuda"), "backend batch_isend_irecv")
     dist.destroy_process_group(group)
 
 

@@ -74,6 +74,52 @@ def test_send_recv_and_all_to_all_exact(world_size):
     assert not failures, "\n".join(failures[:20])
 
 
+def _batches(rank, n):
+    """Communicator.batch_isend_irecv over shared memory: every rank lists its sends first, to
+    every other rank, messages of several times what a link holds (a send waits for room),
+    then two more to the next rank; and a batch that receives what single sends sent."""
+    torch.set_num_threads(1)
+    comm = ringcomm.Communicator(timeout=60)
+    failures = []
+
+    def check(name, actual, expected):
+        bad = wrong(actual, expected)
+        if bad:
+            failures.append(f"rank {rank}: {name}: {bad} wrong")
+
+    big = 300_007  # float64: 2.4 MB, past the 16 x 64 KiB slots of a link
+    others = [p for p in range(n) if p != rank]
+    nxt, prv = (rank + 1) % n, (rank - 1) % n
+    got = {p: torch.empty(big, dtype=torch.float64) for p in others}
+    small, empty = torch.empty(31, dtype=torch.int8), torch.empty(0, dtype=torch.bfloat16)
+    comm.batch_isend_irecv(
+        [ringcomm.P2POp("send", block(rank, p, big, torch.float64), p) for p in others]
+        + [ringcomm.P2POp("send", block(rank, nxt, 31, torch.int8), nxt, tag=3),
+           ringcomm.P2POp("send", torch.empty(0, dtype=torch.bfloat16), nxt, tag=4)]
+        + [ringcomm.P2POp("recv", got[p], p) for p in others]
+        + [ringcomm.P2POp("recv", small, prv, tag=3), ringcomm.P2POp("recv", empty, prv, tag=4)])
+    for p in others:
+        check(f"batch from {p}", got[p], block(p, rank, big, torch.float64))
+    check("batch, second message from the previous rank", small, block(prv, rank, 31, torch.int8))
+    # Single sends and one batch on the other side pair up: messages count per pair.
+    if rank == 0:
+        comm.send(block(0, 1, 7, torch.int32), 1, tag=1)
+        comm.send(block(0, 1, big, torch.float64), 1, tag=2)
+    elif rank == 1:
+        a, b = torch.empty(7, dtype=torch.int32), torch.empty(big, dtype=torch.float64)
+        comm.batch_isend_irecv([("recv", a, 0, 1), ("recv", b, 0, 2)])
+        check("singles into a batch", torch.cat([a.double(), b]),
+              torch.cat([block(0, 1, 7, torch.int32).double(), block(0, 1, big, torch.float64)]))
+    comm.close()
+    return failures
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_batch_isend_irecv_exact(world_size):
+    failures = [f for fs in launch(world_size, _batches, timeout=300) for f in fs]
+    assert not failures, "\n".join(failures[:20])
+
+
 def _mismatch(rank, n):
     comm = ringcomm.Communicator(timeout=20)
     try:
@@ -132,13 +178,21 @@ def _envelopes(rank, n):
             outcomes.append("ok")
         except ringcomm.MismatchError as error:
             outcomes.append(str(error))
+    # A batch's envelopes: both ranks send theirs first, then compare what they receive.
+    peer, buf = 1 - rank, as_buffer(torch.zeros(5), "tensor")
+    try:
+        comm._debug_envelopes([(True, buf, peer, 9), (False, buf, peer, 9 + rank)])
+        outcomes.append("ok")
+    except ringcomm.MismatchError as error:
+        outcomes.append(str(error))
     comm.close()
     return outcomes
 
 
 def test_debug_envelopes_catch_a_wrong_count_or_tag():
     sender, receiver = launch(2, _envelopes, timeout=60)
-    assert sender == ["ok"] * 3
+    assert sender == ["ok"] * 4
+    assert "it sent tag 9, 5 x float32" in receiver[3] and "expected tag 10" in receiver[3]
     assert receiver[0] == "ok"
     assert "it sent tag 5, 8 x float32" in receiver[1] and "expected tag 5, 7 x float32" in receiver[1]
     assert "it sent tag 6, 7 x float32" in receiver[2]

@@ -98,19 +98,23 @@ void Communicator::exchange(PairMessage* out, PairMessage* in) {
   }
   const size_t pieces = std::max(out ? out->pieces() : 0, in ? in->pieces() : 0);
   for (size_t i = 0; i < pieces; ++i) {
-    if (out && i < out->pieces()) {
-      const Envelope e = out->envelope(i);
-      void* slot = links.acquireSend(out->peer, e.bytes);
-      if (e.bytes) reducer_->copy(slot, nullptr, out->data + e.offset * out->elemSize(), e.bytes);
-      links.commitSend(out->peer, e);
-    }
-    if (in && i < in->pieces()) {
-      const Envelope e = in->envelope(i);
-      const void* message = links.acquireRecv(in->peer, e);
-      if (e.bytes) reducer_->copy(in->data + e.offset * in->elemSize(), nullptr, message, e.bytes);
-      links.releaseRecv(in->peer);
-    }
+    if (out && i < out->pieces()) sendPiece(links, *out, i);
+    if (in && i < in->pieces()) recvPiece(links, *in, i);
   }
+}
+
+void Communicator::sendPiece(Transport& links, const PairMessage& m, size_t piece) {
+  const Envelope e = m.envelope(piece);
+  void* slot = links.acquireSend(m.peer, e.bytes);
+  if (e.bytes) reducer_->copy(slot, nullptr, m.data + e.offset * m.elemSize(), e.bytes);
+  links.commitSend(m.peer, e);
+}
+
+void Communicator::recvPiece(Transport& links, const PairMessage& m, size_t piece) {
+  const Envelope e = m.envelope(piece);
+  const void* message = links.acquireRecv(m.peer, e);
+  if (e.bytes) reducer_->copy(m.data + e.offset * m.elemSize(), nullptr, message, e.bytes);
+  links.releaseRecv(m.peer);
 }
 
 void Communicator::send(const void* data, size_t count, DataType type, int peer, int tag,
@@ -131,6 +135,119 @@ void Communicator::recv(void* data, size_t count, DataType type, int peer, int t
   PairMessage in{peer, static_cast<char*>(data), count, type, Primitive::SendRecv, tag,
                  received_[peer]++, pieceElems(links, count, type)};
   overLinks(stream, CallName{"recv"}, [&] { exchange(nullptr, &in); });
+}
+
+namespace {
+
+// Raises when a receive's bytes overlap another operation's: the batch's operations run at
+// once (one NCCL group), so the result would depend on timing.
+void checkNoOverlap(const std::vector<PointToPointOp>& ops) {
+  struct Range {
+    uintptr_t begin, end;
+    size_t op;
+  };
+  std::vector<Range> ranges;
+  for (size_t i = 0; i < ops.size(); ++i)
+    if (ops[i].count > 0) {
+      const auto begin = reinterpret_cast<uintptr_t>(ops[i].data);
+      ranges.push_back({begin, begin + ops[i].count * dataTypeSize(ops[i].type), i});
+    }
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
+    return a.begin < b.begin || (a.begin == b.begin && a.op < b.op);
+  });
+  // Sweep by start: a range overlaps an earlier one iff it starts before that one's end. The
+  // furthest-reaching earlier range, and the furthest-reaching earlier receive, are the ones
+  // to compare with.
+  const Range* reach = nullptr;
+  const Range* receiveReach = nullptr;
+  auto describe = [&](const Range& r) {
+    const PointToPointOp& op = ops[r.op];
+    return detail::concat("#", r.op, " (", op.send ? "send to" : "recv from", " rank ", op.peer,
+                          ")");
+  };
+  for (const Range& r : ranges) {
+    const Range* other = !ops[r.op].send ? reach : receiveReach;
+    RC_CHECK(other == nullptr || r.begin >= other->end, "batch_isend_irecv: the buffer of ",
+             describe(r), " overlaps that of ", describe(*other),
+             ": a receive's buffer must not overlap any other buffer of the batch");
+    if (reach == nullptr || r.end > reach->end) reach = &r;
+    if (!ops[r.op].send && (receiveReach == nullptr || r.end > receiveReach->end))
+      receiveReach = &r;
+  }
+}
+
+}  // namespace
+
+void Communicator::sendRecvBatch(const std::vector<PointToPointOp>& ops, uintptr_t stream) {
+  for (size_t i = 0; i < ops.size(); ++i)
+    RC_CHECK(ops[i].peer >= 0 && ops[i].peer < worldSize_ && ops[i].peer != rank_,
+             "batch_isend_irecv: #", i, " names ", ops[i].send ? "dst=" : "src=", ops[i].peer,
+             ", not another rank of this ", worldSize_, "-rank communicator");
+  checkNoOverlap(ops);
+  Transport& links = peerLinks();
+  if (ops.empty()) return;
+  // Numbered per pair in batch order, as singles are: batch and single messages pair up.
+  std::vector<PairMessage> messages;
+  messages.reserve(ops.size());
+  for (const PointToPointOp& op : ops) {
+    uint64_t& sequence = op.send ? sent_[op.peer] : received_[op.peer];
+    messages.push_back(PairMessage{op.peer, static_cast<char*>(op.data), op.count, op.type,
+                                   Primitive::SendRecv, op.tag, sequence++,
+                                   pieceElems(links, op.count, op.type)});
+  }
+  overLinks(stream, CallName{"batch_isend_irecv"}, [&] {
+    if (!links.movesUserBuffers()) return exchangeBatch(links, ops, messages);
+    std::vector<DirectMessage> direct;
+    direct.reserve(ops.size());
+    for (size_t i = 0; i < ops.size(); ++i)
+      direct.push_back(DirectMessage{ops[i].send, ops[i].peer, ops[i].data,
+                                     ops[i].count * dataTypeSize(ops[i].type)});
+    links.sendRecvBatch(direct);
+  });
+}
+
+// Staging links hold a few pieces per pair, and a send waits for room, so a batch cannot send
+// everything before it receives. Each (direction, peer) is a lane carrying its messages in
+// batch order (a pair's pieces must arrive in order); round k moves the k-th piece of every
+// lane, sends before receives. Where every rank's batch holds its pairs' matching messages,
+// nothing waits in a cycle: a rank in round k waits for a receive only on a peer that has not
+// yet sent round k's piece (an earlier round, or earlier among round k's sends), and for room
+// only on a peer that has not yet received a piece of an earlier round. Anything else waits
+// with the links' timeout.
+void Communicator::exchangeBatch(Transport& links, const std::vector<PointToPointOp>& ops,
+                                 const std::vector<PairMessage>& messages) {
+  struct Lane {
+    bool send;
+    int peer;
+    std::vector<const PairMessage*> messages;
+    size_t next = 0, piece = 0;  // the message, and its piece, that moves next
+  };
+  std::vector<Lane> lanes;  // send lanes first: a round sends before it receives
+  for (const bool send : {true, false}) {
+    std::vector<int> laneOf(worldSize_, -1);  // by peer
+    for (size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i].send != send) continue;
+      int& lane = laneOf[ops[i].peer];
+      if (lane < 0) {
+        lane = static_cast<int>(lanes.size());
+        lanes.push_back(Lane{send, ops[i].peer, {}});
+      }
+      lanes[lane].messages.push_back(&messages[i]);
+    }
+  }
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (Lane& lane : lanes) {
+      if (lane.next == lane.messages.size()) continue;
+      const PairMessage& m = *lane.messages[lane.next];
+      if (lane.send)
+        sendPiece(links, m, lane.piece);
+      else
+        recvPiece(links, m, lane.piece);
+      moved = true;
+      if (++lane.piece == m.pieces()) lane.piece = 0, ++lane.next;
+    }
+  }
 }
 
 void Communicator::allToAll(void* output, const void* input, const std::vector<size_t>& sendCounts,

@@ -13,6 +13,11 @@ void Transport::recvInto(int, void*, const Envelope& expected) {
   RC_THROW("this transport cannot receive into user buffers (", describeEnvelope(expected), ")");
 }
 
+void Transport::sendRecvBatch(const std::vector<DirectMessage>& messages) {
+  RC_THROW("this transport cannot move a batch of ", messages.size(),
+           " messages from and into user buffers");
+}
+
 void* Transport::acquirePublish(int phase, size_t bytes) {
   RC_THROW("this transport has no publications (phase ", phase, ", ", bytes, " bytes)");
 }

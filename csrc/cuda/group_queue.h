@@ -2,7 +2,8 @@
 // NcclTransport issues what it decides. The CPU tests run every plan through the transport over
 // a host implementation of NCCL's pairing and blocking (csrc/testing/cuda/host_gpu.h), where
 // groups that did not match up would deadlock and time out.
-// Publications (publications.h) go out as one group of their own, after the queued sends.
+// Publications (publications.h) go out as one group of their own, after the queued sends, and
+// so does a point-to-point batch (NcclTransport::sendRecvBatch).
 //
 // The rule. Sends wait in a queue, in order. Every receive goes out in one group with the
 // OLDEST queued send, if any (ncclGroupStart; send; recv; ncclGroupEnd). Sends go out alone,

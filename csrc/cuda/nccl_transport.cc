@@ -150,6 +150,51 @@ void NcclTransport::recvInto(int peer, void* dst, const Envelope& expected) {
   issue(queue_.forReceive(), &receive);
 }
 
+// A batch is one group: NCCL posts its operations together, so a send and its receive never
+// wait for each other's group, whatever order the ranks list them in (two ranks that both
+// send first would otherwise both wait for the other's receive: at the first exchange, which
+// connects, and for messages larger than NCCL's buffers).
+void NcclTransport::sendRecvBatch(const std::vector<DirectMessage>& messages) {
+  checkUsable();
+  bool any = false;  // zero-byte messages are skipped on both sides alike, as in issue()
+  for (const DirectMessage& m : messages) {
+    RC_CHECK(m.peer >= 0 && m.peer < options_.worldSize, m.send ? "send to" : "receive from",
+             " rank ", m.peer, " outside the world");
+    any = any || m.bytes > 0;
+  }
+  if (!any) return;
+  flush();  // sends queued before the batch go out first: pairs keep their order
+  // The group reads and writes the caller's buffers: after all compute so far (kernels may
+  // still write what it sends or read what it overwrites), and later compute after it.
+  RC_GPU(cudaEventRecord(computeAll_, compute_));
+  RC_GPU(cudaStreamWaitEvent(commStream_, computeAll_, 0));
+  std::vector<int> peers;
+  for (const DirectMessage& m : messages)
+    if (m.bytes > 0) peers.push_back(m.peer);
+  runGroup(
+      peers,
+      [&](ncclComm_t comm) {
+        for (const DirectMessage& m : messages) {
+          if (m.bytes == 0) continue;
+          const ncclResult_t rc =
+              m.send ? api_->ncclSend(m.data, m.bytes, ncclInt8, m.peer, comm, commStream_)
+                     : api_->ncclRecv(m.data, m.bytes, ncclInt8, m.peer, comm, commStream_);
+          if (!ncclPosted(rc)) return rc;
+        }
+        return ncclSuccess;
+      },
+      [&] {
+        std::string what = detail::concat("exchanging a batch of ", messages.size(), " messages (");
+        size_t named = 0;
+        for (const DirectMessage& m : messages)
+          if (m.bytes > 0 && named++ < 8)
+            what += detail::concat(m.send ? "send to rank " : "receive from rank ", m.peer, "; ");
+        return what + (named > 8 ? "...)" : ")");
+      });
+  RC_GPU(cudaEventRecord(commAll_, commStream_));
+  RC_GPU(cudaStreamWaitEvent(compute_, commAll_, 0));
+}
+
 void NcclTransport::flush() {
   std::vector<QueuedSend> all = queue_.takeAll();
   if (!all.empty()) issue(all, nullptr);

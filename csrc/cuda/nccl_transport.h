@@ -83,6 +83,7 @@ class NcclTransport : public Transport {
   bool movesUserBuffers() const override { return true; }
   void sendFrom(int peer, const void* src, const Envelope& envelope) override;
   void recvInto(int peer, void* dst, const Envelope& expected) override;
+  void sendRecvBatch(const std::vector<DirectMessage>& messages) override;
   void abort(const std::string& why) override;
   size_t publishBytes() const override { return options_.publishBytes; }
   void* acquirePublish(int phase, size_t bytes) override;

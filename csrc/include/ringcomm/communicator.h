@@ -51,6 +51,16 @@ struct CollectiveRequest {
   uintptr_t stream = 0;
 };
 
+// One send or receive of a batch (Communicator::sendRecvBatch).
+struct PointToPointOp {
+  bool send = false;     // else a receive
+  void* data = nullptr;  // a send only reads it
+  size_t count = 0;      // elements of `type`
+  DataType type = DataType::Float32;
+  int peer = -1;
+  int tag = 0;
+};
+
 class Communicator {
  public:
   // Shared ownership so the Python layer can build the transport (it needs a name exchange
@@ -86,6 +96,14 @@ class Communicator {
   void send(const void* data, size_t count, DataType type, int peer, int tag,
             uintptr_t stream = 0);
   void recv(void* data, size_t count, DataType type, int peer, int tag, uintptr_t stream = 0);
+  // Several sends and receives, to and from any peers, as one unit, so that their order on a
+  // rank does not matter (each pair's messages still match in order, as send and recv do, and a
+  // batch's messages pair with single sends and receives too). On links that move user
+  // buffers (NCCL) they are one group, ordered on `stream`; on staging links (shared memory)
+  // they move one piece of every (peer, direction) per round, which waits in no cycle where
+  // every rank's batch holds its pairs' matching messages. A receive's buffer must not
+  // overlap another operation's: raised before anything is sent.
+  void sendRecvBatch(const std::vector<PointToPointOp>& ops, uintptr_t stream = 0);
   // input holds sendCounts[p] elements for each rank p in rank order; output receives
   // recvCounts[p] from each rank p in rank order (this rank's block is copied locally).
   void allToAll(void* output, const void* input, const std::vector<size_t>& sendCounts,
@@ -121,6 +139,11 @@ class Communicator {
   // (all-to-all), interleaved piece by piece so that neither side waits for the other's end.
   struct PairMessage;
   void exchange(PairMessage* out, PairMessage* in);
+  void sendPiece(Transport& links, const PairMessage& message, size_t piece);
+  void recvPiece(Transport& links, const PairMessage& message, size_t piece);
+  // A batch's messages over staging links (sendRecvBatch).
+  void exchangeBatch(Transport& links, const std::vector<PointToPointOp>& ops,
+                     const std::vector<PairMessage>& messages);
   void failed(const std::string& why);  // records the failure, aborts every transport
 
   int rank_, worldSize_;

@@ -81,6 +81,14 @@ struct CallName {
   const ReplayKey* replay = nullptr;  // set when the collective may be recorded and replayed
 };
 
+// One message of a batch moved straight from or into the caller's buffer (sendRecvBatch).
+struct DirectMessage {
+  bool send = false;  // else a receive
+  int peer = -1;
+  void* data = nullptr;  // a send only reads it
+  size_t bytes = 0;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -136,6 +144,11 @@ class Transport {
   virtual void sendFrom(int peer, const void* src, const Envelope& envelope);
   // Receives the next message from `peer` straight into `dst`.
   virtual void recvInto(int peer, void* dst, const Envelope& expected);
+  // Sends and receives, to and from any peers, straight from and into the caller's buffers as
+  // one unit (only where movesUserBuffers()): a transport that pairs operations and blocks a
+  // send until its receive is posted (NCCL) posts them in one group, so that no order of them
+  // can wait on another. Messages of one pair keep their order, also after earlier messages.
+  virtual void sendRecvBatch(const std::vector<DirectMessage>& messages);
 
   // Publications: what the one-hop algorithms (one_shot, two_shot; see Algorithm) run on instead
   // of ring messages. In one round every rank publishes up to publishBytes() per phase (0, then
