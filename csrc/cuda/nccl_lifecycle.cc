@@ -353,13 +353,7 @@ void NcclTransport::abort(const std::string& why) {
     std::lock_guard<std::mutex> lock(mutex_);
     abortLocked(why);
   }
-  if (recording_) {  // the failure came while recording: end this thread's capture
-    cudaGraph_t partial = nullptr;
-    if (api_->cudaStreamEndCapture(recordStream_, &partial) == cudaSuccess && partial)
-      api_->cudaGraphDestroy(partial);
-    (void)api_->cudaGetLastError();
-    recording_ = false;
-  }
+  endRecording();  // the failure may have come while recording
   // A collective that failed midway leaves the caller on its own device, as end() would.
   if (inCollective_) {
     inCollective_ = false;

@@ -413,15 +413,19 @@ bool NcclTransport::replay(uintptr_t stream, const CallName& call) {
   return true;
 }
 
+// A recording cut short by a failure: this thread's capture ends, its graph is dropped.
+void NcclTransport::endRecording() noexcept {
+  if (!recording_) return;
+  recording_ = false;
+  cudaGraph_t partial = nullptr;
+  if (api_->cudaStreamEndCapture(recordStream_, &partial) == cudaSuccess && partial)
+    api_->cudaGraphDestroy(partial);
+  (void)api_->cudaGetLastError();
+}
+
 // Before NCCL is finalized: its captured operations hold resources until their graph goes.
 void NcclTransport::dropRecordings() noexcept {
-  if (recording_) {  // a recording cut short by a failure
-    cudaGraph_t partial = nullptr;
-    if (api_->cudaStreamEndCapture(recordStream_, &partial) == cudaSuccess && partial)
-      api_->cudaGraphDestroy(partial);
-    (void)api_->cudaGetLastError();
-    recording_ = false;
-  }
+  endRecording();
   for (auto& [key, r] : recordings_) {
     api_->cudaGraphExecDestroy(r.exec);
     api_->cudaGraphDestroy(r.graph);

@@ -138,6 +138,7 @@ class NcclTransport : public Transport {
   void flush();
   bool shouldRecord(const ReplayKey& key);
   void finishRecording();
+  void endRecording() noexcept;
   void dropRecordings() noexcept;
   void noteInflight(cudaStream_t after);  // the watchdog watches what `after` holds now
   void queueSend(const QueuedSend& send);
