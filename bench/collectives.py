@@ -11,16 +11,31 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-# Largest integer each dtype holds exactly: bounds the values so a reduction over n ranks is exact.
-EXACT_LIMIT = {torch.int8: 127, torch.uint8: 255, torch.float16: 2048, torch.bfloat16: 256,
-               torch.int32: 2**31 - 1, torch.float32: 2**24, torch.int64: 2**62, torch.float64: 2**53}
+from ringcomm import _C
+from ringcomm.ops import torch_reduce_ops
+
+
+def _exact_limit(dtype):
+    """The largest integer `dtype` holds exactly (all below it too): 2 / eps for a float."""
+    if dtype.is_floating_point:
+        return round(2 / torch.finfo(dtype).eps)
+    return torch.iinfo(dtype).max
+
+
+# Every dtype ringcomm has but bool (values of 1..k are not bools), with its largest exact
+# integer: that bounds the values so a reduction over n ranks is exact.
+EXACT_LIMIT = {getattr(torch, name): _exact_limit(getattr(torch, name))
+               for name in _C.DataType.__members__ if name != "bool"}
 
 # torch 2.13 renamed the tensor forms (the old names warn); torch >= 2.4 has only the old ones.
 all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
-TORCH_OPS = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN,
-             "max": dist.ReduceOp.MAX, "avg": dist.ReduceOp.AVG}
+# How Pattern reduces each op it has a reference for, in int64 (avg divides the sum at the end).
+REFERENCES = {"sum": torch.add, "avg": torch.add, "prod": torch.mul, "min": torch.minimum,
+              "max": torch.maximum}
+# The ops the benchmark runs: ringcomm's that torch.distributed has and REFERENCES can check.
+TORCH_OPS = {name: op for name, op in torch_reduce_ops().items() if name in REFERENCES}
 
 
 class Pattern:
@@ -39,17 +54,10 @@ class Pattern:
         return (i + 3 * rank) % self.k + 1
 
     def reduce(self, start, length):
+        combine = REFERENCES[self.op]
         acc = self.values(0, start, length)
         for s in range(1, self.n):
-            v = self.values(s, start, length)
-            if self.op in ("sum", "avg"):
-                acc += v
-            elif self.op == "prod":
-                acc *= v
-            elif self.op == "min":
-                torch.minimum(acc, v, out=acc)
-            else:
-                torch.maximum(acc, v, out=acc)
+            acc = combine(acc, self.values(s, start, length))
         return acc.double() / self.n if self.op == "avg" else acc
 
 

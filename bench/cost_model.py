@@ -25,7 +25,7 @@ spans several nodes runs at the pace of its slowest link: the inter-node alpha a
 
 --calibrate fits the in-node alpha and beta by least squares from a bench/run.py or bench/tune.py
 --json file (ring all_reduce records: time = 2(N-1) alpha + 2(N-1)/N S beta), so the in-node
-column of the model is this machine's measurement; beta then includes the reduction (gamma = 0).
+column of the model is the measured machine's; beta then includes the reduction (gamma = 0).
 It also fits each other measured algorithm to its own formula (one-shot, two-shot): where its
 alpha and beta differ from the ring's, the model's crossovers differ from the measured ones.
 
@@ -42,9 +42,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-# This project's 2-core CPU machines, shared memory, fp32 all_reduce (README's table, quiet
-# launches): 8 B in 17.9 us at 2 ranks (2 steps) and 64 MiB in 19.9 ms (2 x 32 MiB moved and
-# reduced per rank). Between nodes: a 200 Gb/s InfiniBand port, 5 us per message, assumed.
+# In a node: the CPU all_reduce table of docs/benchmarks.md (2 cores, shared memory, fp32): 8 B
+# in 17.9 us at 2 ranks (2 steps) and 64 MiB in 19.9 ms (2 x 32 MiB moved and reduced per rank).
+# Between nodes: a 200 Gb/s InfiniBand port, 5 us per message, assumed.
 DEFAULT_INTRA = (9.0e-6, 19.9e-3 / (64 << 20))
 DEFAULT_INTER = (5.0e-6, 1 / 25e9)
 

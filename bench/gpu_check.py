@@ -1,32 +1,36 @@
-"""The prepared GPU check: one bounded run on a fresh single-GPU machine that returns everything.
+"""The GPU check: is this GPU machine healthy for ringcomm?
+
+One bounded run on a single-GPU machine: it builds ringcomm in place, runs its GPU tests and
+benchmarks, and writes a verdict with everything needed to read it.
 
 Stages run in order under one global deadline (default 345 s, so the whole check with its
 kill-after slack and the final bundling stays under 6 minutes), correctness first: the plan, its
 limits (from the cost of a launch of ranks and of each test) and the verdict rules are
-bench/gpu_check_plan.py; bench/gpu_check_fit.py checks that plan against the GPU machine. A stage
-that fails is recorded and the next one still runs, except after a failed build (nothing left to
-test); a stage past its limit is interrupted (SIGINT: pytest still reports what ran), then killed
-KILL_AFTER seconds later. A test stage's launch of ranks is told the stage's deadline, so its
-tests report before the stage is cut.
+bench/gpu_check_plan.py; bench/gpu_check_fit.py checks that plan against the GPU machine it is
+written for. A stage that fails is recorded and the next one still runs, except after a failed
+build (nothing left to test); a stage past its limit is interrupted (SIGINT: pytest still reports
+what ran), then killed KILL_AFTER seconds later. A test stage's launch of ranks is told the
+stage's deadline, so its tests report before the stage is cut.
 
-The lease returns at most 8 files of at most 16 MiB. $OUT receives three, each rewritten after
-every stage, so a run cut short still reports: summary.json (verdict "pass", "fail" or
-"incomplete"; the plan's table and any problem with it; tests_planned in run order; per stage
-its exit code, seconds and what ran, passed, failed and skipped; results), check.log (every
-stage's output, its head if huge) and bundle.tar.gz (JUnit XML, each test stage's
-launches.jsonl with what every launch and check took, NCCL_DEBUG=INFO files, per-stage JSON;
-kept under MAX_BUNDLE_BYTES by cutting the NCCL logs shorter).
+$OUT receives three files, each rewritten after every stage, so a run cut short still reports:
+summary.json (verdict "pass", "fail" or "incomplete"; the plan's table and any problem with it;
+tests_planned in run order; per stage its exit code, seconds and what ran, passed, failed and
+skipped; results), check.log (every stage's output, its head if huge) and bundle.tar.gz (JUnit
+XML, each test stage's launches.jsonl with what every launch and check took, NCCL_DEBUG=INFO
+files, per-stage JSON; kept under MAX_BUNDLE_BYTES by cutting the NCCL logs shorter, so the
+three stay easy to copy off the machine).
 
 MPS is off unless RINGCOMM_GPU_CHECK_MPS=1: then it starts after the build, and only stays when
 an NCCL all_reduce between two ranks ran under it (that probe costs a launch of the budget).
 
-    OUT=/tmp/out bash bench/gpu_check.sh            # the real check (on the GPU machine)
-    OUT=/tmp/out bash bench/gpu_check.sh --dry-run  # the stage logic here, commands stubbed
+    OUT=/tmp/out bash bench/gpu_check.sh            # the real check, on a GPU machine
+    OUT=/tmp/out bash bench/gpu_check.sh --dry-run  # the stage logic anywhere, commands stubbed
     OUT=/tmp/out bash bench/gpu_check.sh --dry-run --fail-stage build   # a simulated failure
 
-If the image may lack pybind11 (the build needs it), copy it into build/pydeps first and carry
-that folder: cp -r "$(python -c 'import pybind11, os; print(os.path.dirname(pybind11.__file__))')"
-build/pydeps/ (the check puts build/pydeps on PYTHONPATH whenever that folder exists).
+The build needs pybind11. On a GPU machine without it and without network, copy it into
+build/pydeps from one that has it:
+cp -r "$(python -c 'import pybind11, os; print(os.path.dirname(pybind11.__file__))')" build/pydeps/
+(the check puts build/pydeps on PYTHONPATH whenever that folder exists).
 
 Only the standard library here: the probes that need torch or ringcomm run as stages.
 """
@@ -51,10 +55,10 @@ from gpu_check_plan import (BUDGET, REPORT_S, plan, planned_tests, stage_counts,
 
 ROOT = Path(__file__).resolve().parent.parent
 KILL_AFTER = 5
-# Build-time Python packages the image may lack (pybind11 is no dependency of torch, and there is
-# no network there): a session copies them here (an ignored folder) and carries it to the lease.
+# Build-time Python packages a machine without network may lack (pybind11 is no dependency of
+# torch): copied here by hand (an ignored folder), on every stage's path when present.
 PYDEPS = ROOT / "build" / "pydeps"
-MAX_DEBUG_BYTES = 2 << 20  # per NCCL debug file in the bundle (the lease returns <= 16 MiB)
+MAX_DEBUG_BYTES = 2 << 20  # per NCCL debug file in the bundle, at first (see write)
 MAX_BUNDLE_BYTES = 15 << 20
 # check.log: stage output past this is left out (the check's own "==" lines stay)
 MAX_LOG_BYTES = 12 << 20
@@ -121,7 +125,7 @@ print("ENV_JSON " + json.dumps(info))
 
 # Run under MPS right after its daemon starts: an NCCL all_reduce between two ranks sharing the
 # GPU, as the tests' ranks will. A server that cannot serve (a container without the rights it
-# needs), or NCCL that fails under it, would otherwise fail every later stage: the lease.
+# needs), or NCCL that fails under it, would otherwise fail every later stage: the whole check.
 MPS_PROBE = r"""
 import os, sys, tempfile
 import torch, torch.distributed as dist, torch.multiprocessing as mp
@@ -267,8 +271,9 @@ class Check:
 
     @staticmethod
     def wants_mps():
-        """MPS only when asked: unproven with NCCL on the lease's image, its probe costs a
-        launch, and a broken server would take every later stage with it."""
+        """MPS only when asked: not yet shown to work with NCCL on the machine the check is
+        written for, its probe costs a launch, and a broken server would take every later stage
+        with it."""
         return os.environ.get("RINGCOMM_GPU_CHECK_MPS") == "1"
 
     def start_mps(self, env):
@@ -414,7 +419,7 @@ class Check:
         tmp.replace(self.out / "summary.json")
         tmp = self.out / "bundle.tar.gz.tmp"
         cap = MAX_DEBUG_BYTES
-        while True:  # the lease returns files of at most 16 MiB: big logs are cut shorter
+        while True:  # over MAX_BUNDLE_BYTES: the NCCL logs are cut shorter
             self.bundle(tmp, cap)
             if tmp.stat().st_size <= MAX_BUNDLE_BYTES or cap < 1024:
                 break

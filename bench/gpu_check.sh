@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The prepared GPU check (see bench/gpu_check.py): bounded to 6 minutes, at most three files in
-# $OUT, summary.json rewritten after every stage. Uses the first of python3 and python that has
-# torch (an image may have a bare `python` next to the python3 that holds torch, or no python).
+# The GPU check (see bench/gpu_check.py): is this GPU machine healthy for ringcomm? Bounded to
+# 6 minutes, at most three files in $OUT, summary.json rewritten after every stage. Uses the
+# first of python3 and python that has torch (a machine may have a bare `python` next to the
+# python3 that holds torch, or no python).
 #
 #   OUT=/tmp/out bash bench/gpu_check.sh             # on the GPU machine
-#   OUT=/tmp/out bash bench/gpu_check.sh --dry-run   # here: the stage logic, commands stubbed
+#   OUT=/tmp/out bash bench/gpu_check.sh --dry-run   # anywhere: the stage logic, commands stubbed
 #                                                    # (or RINGCOMM_GPU_CHECK_DRY=1)
 set -uo pipefail
 cd "$(dirname "$0")/.."

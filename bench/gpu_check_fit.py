@@ -1,7 +1,7 @@
 """Does the GPU check's plan fit? Its arithmetic (every limit holds its launches and tests, the
-mandatory stages fit the budget) and the machine it will run on (what Python, packages and tools
-the lease's image has, with no package registry to fetch anything else). The dry run fails on
-any problem found here; a real run records them and what its environment stage found different.
+mandatory stages fit the budget) and the GPU machine it is written for (MACHINE: its Python,
+packages and tools, and no package registry to fetch anything else). The dry run fails on any
+problem found here; a real run records them and what its environment stage found different.
 
 Only the standard library: it runs where torch may be missing.
 """
@@ -14,7 +14,8 @@ import gpu_check_plan as plan_rules
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# The GPU machine's image, as far as it is known (the real run's env stage reports what it is).
+# The GPU machine the plan is written for, as far as it is known (a real run's env stage reports
+# the machine it runs on).
 MACHINE = {
     "python": "3.12",
     "torch": "2.11.0+cu130",

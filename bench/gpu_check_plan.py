@@ -12,8 +12,9 @@ Limits come from costs, not guesses per stage: a launch of ranks costs LAUNCH_S 
 so every multi-rank stage runs its tests in ONE launch (tests/shared_launch.py), and its limit is
 pytest's start + its launches x LAUNCH_S + what its tests cost + the report. The per-test costs
 below are estimates, not yet measured on a GPU: each test stage's launches.jsonl in the bundle
-records every launch's start-up and every check's seconds, to replace them. Mandatory stages'
-limits sum to at most the budget; optional ones run only when their whole limit still fits.
+records every launch's start-up and every check's seconds, the measurements to set them from.
+Mandatory stages' limits sum to at most the budget; optional ones run only when their whole limit
+still fits.
 Every ring the tests build waits at most RINGCOMM_TEST_RING_TIMEOUT (20 s), so a hang costs a
 check about that, and a launch never outlives its own budget.
 """
@@ -36,7 +37,7 @@ REPORT_S = 5   # after the last test: the ranks' exit, the JUnit XML
 class Test:
     """A test function of tests/test_gpu.py (each of its parameters the stage's worlds allow)."""
     name: str
-    seconds: float   # what it costs on the GPU, its launch excluded (estimated until measured)
+    seconds: float   # what it costs on the GPU, its launch excluded (an estimate, not yet measured)
     ranks: int = 0   # 0: runs in pytest's own process; N: a check in the stage's launch of N ranks
 
 

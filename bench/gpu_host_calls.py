@@ -2,7 +2,7 @@
 non-blocking communicator starts a thread in NCCL), kernel launches and CUDA/NCCL calls one
 all_reduce makes in steady state (the same buffers again, as DDP's buckets), per rank. Counted
 by running the NcclTransport and CudaReducer that ship over the host implementation of CUDA and
-NCCL (ranks as threads, kernels executed on the CPU), so it needs no GPU; the lease's
+NCCL (ranks as threads, kernels executed on the CPU), so it needs no GPU; on a GPU,
 bench/gpu_allreduce.py measures what these calls cost in microseconds.
 
     python bench/gpu_host_calls.py --world 2 8 --mib 1 16 256 --slice-mib 4 [--no-cuda-graphs]

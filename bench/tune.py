@@ -45,11 +45,10 @@ import run  # bench/run.py: the launcher (it finds ringcomm in a source checkout
 from collectives import COLLECTIVES
 
 import ringcomm  # noqa: E402 (after run, which puts a checkout's ringcomm on the path)
-from ringcomm.options import ALGORITHMS, THRESHOLDS, CommOptions  # noqa: E402
+from ringcomm.options import (ALGORITHM_COLLECTIVES, ALGORITHMS, THRESHOLDS,  # noqa: E402
+                              CommOptions)
 
 SELECTOR, REFERENCE, BASELINE = "auto", "ring", "gloo"
-# Collectives to tune, where their Communicator call takes algorithm=.
-TUNED = ("all_reduce", "reduce_scatter", "all_gather")
 DEFAULTS = ["-b", "8", "-e", "64M", "-f", "2", "-n", "20", "-w", "3", "--rounds", "6",
             "--algorithm", "all"]
 
@@ -445,8 +444,9 @@ def plot(path, records, title):
 
 
 def tuned_collectives():
-    """all_reduce, and reduce_scatter/all_gather where their call takes algorithm=."""
-    return [c for c in TUNED if run.takes_algorithm(COLLECTIVES[c])]
+    """The collectives an algorithm other than the ring plans (all_reduce first), where their
+    Communicator call takes algorithm=."""
+    return [c for c in ALGORITHM_COLLECTIVES if run.takes_algorithm(COLLECTIVES[c])]
 
 
 def main(argv=None):

@@ -15,8 +15,10 @@ _TORCH_C_DTYPES = {t: _C_DTYPES[name] for t, name in _TORCH_DTYPES.items()}
 _NUMPY_DTYPES = {np.dtype(name): name for name in _C_DTYPES if hasattr(np, name)}
 _NAMES_NUMPY_LACKS = {name: name for name in _C_DTYPES if not hasattr(np, name)}
 _NUMPY_C_DTYPES = {dtype: _C_DTYPES[name] for dtype, name in _NUMPY_DTYPES.items()}
-_TYPESTR_DTYPES = {"<f4": "float32", "<f8": "float64", "<f2": "float16", "|i1": "int8",
-                   "|u1": "uint8", "<i4": "int32", "<i8": "int64", "|b1": "bool"}
+# The CUDA array interface names dtypes as numpy does ("<f4"): it has none for what numpy lacks.
+_TYPESTR_DTYPES = {dtype.str: name for dtype, name in _NUMPY_DTYPES.items()}
+# Those with NaN and Inf: what check_finite looks at.
+FLOATING = frozenset(name for name in _C_DTYPES if getattr(torch, name).is_floating_point)
 
 
 class Buffer:

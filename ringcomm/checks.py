@@ -4,7 +4,7 @@ import numpy as np
 import torch
 
 from . import _C
-from .buffers import as_buffer
+from .buffers import FLOATING, as_buffer
 from .options import check_algorithm
 
 
@@ -53,7 +53,7 @@ def aliasing(out, inp, in_place_address, inp_inside_out=False):
 
 def first_non_finite(buf):
     """Index of the first NaN/Inf element, or -1 (integers have none)."""
-    if buf.dtype not in ("float32", "float64", "float16", "bfloat16") or buf.numel == 0:
+    if buf.dtype not in FLOATING or buf.numel == 0:
         return -1
     source = buf.source
     if isinstance(source, torch.Tensor):

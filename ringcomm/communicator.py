@@ -6,7 +6,7 @@ import torch
 
 from . import _C, backends, checks, waiting, work
 from .buffers import as_buffer, as_c_dtype, cpu_array
-from .options import CommOptions, algorithm_for
+from .options import ALGORITHM_COLLECTIVES, CommOptions, algorithm_for
 from .ops import to_c_op
 from .point_to_point import PointToPoint
 from .rendezvous import Rendezvous
@@ -75,7 +75,7 @@ class Communicator(PointToPoint):
         # plans that collective, else the ring.
         self._default_algorithms = {
             name: checks.algorithm(algorithm_for(self.options.algorithm, name))
-            for name in ("all_reduce", "reduce_scatter", "all_gather")}
+            for name in ALGORITHM_COLLECTIVES}
         self._last = None
         self._stats_base = {}  # backend -> collectives run before the last reset_stats
         self._closed = False

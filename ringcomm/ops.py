@@ -1,11 +1,13 @@
 """ReduceOp: the reductions ringcomm supports, and conversion from what users pass."""
 import enum
 
+import torch.distributed as dist
+
 from . import _C
 
 
-# Members from the C++ op table (csrc/include/ringcomm/types.h): SUM = "sum", PROD, MIN, MAX,
-# AVG, BAND, BOR, BXOR, LAND, LOR.
+# Members from the C++ op table (csrc/include/ringcomm/types.h), upper-case names of its
+# lower-case ones: SUM = "sum", and so on.
 ReduceOp = enum.Enum("ReduceOp", [(name.upper(), name) for name in _C.RedOp.__members__],
                      module=__name__, qualname="ReduceOp")
 ReduceOp.__doc__ = """Reduction operators, named as in ``torch.distributed.ReduceOp``.
@@ -18,6 +20,14 @@ Example::
 
 # torch.distributed.ReduceOp member names that differ from ours.
 _TORCH_NAMES = {"PRODUCT": ReduceOp.PROD}
+
+
+def torch_reduce_ops():
+    """{op name: torch.distributed.ReduceOp} for each ringcomm op torch.distributed has, in
+    ReduceOp's order (it has no land or lor)."""
+    torch_names = {op: name for name, op in _TORCH_NAMES.items()}
+    ops = {op.value: getattr(dist.ReduceOp, torch_names.get(op, op.name), None) for op in ReduceOp}
+    return {name: torch_op for name, torch_op in ops.items() if torch_op is not None}
 
 
 def to_reduce_op(op):

@@ -40,6 +40,11 @@ from .rendezvous import timeout_seconds
 ALGORITHMS = tuple(_C.Algorithm.__members__)
 ALGORITHM_PRIMITIVES = {name: tuple(primitives)
                         for name, primitives in _C.ALGORITHM_PRIMITIVES.items()}
+# The collectives an algorithm other than the ring plans, in the table's order: their calls take
+# algorithm= (auto plans what the ring plans, so it adds none).
+ALGORITHM_COLLECTIVES = tuple(
+    name for name in _C.COLLECTIVES
+    if any(name in ALGORITHM_PRIMITIVES[a] for a in ALGORITHMS if a not in ("ring", "auto")))
 # auto's thresholds, {field: default}, from the same table: "<algorithm>_max_bytes" for every
 # algorithm auto picks by size, set by RINGCOMM_<ALGORITHM>_MAX_BYTES.
 THRESHOLDS = dict(_C.DEFAULT_THRESHOLDS)

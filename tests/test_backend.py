@@ -11,12 +11,11 @@ import torch.nn as nn
 
 import ringcomm
 from launcher import launch
+from ringcomm.ops import torch_reduce_ops
 from sweep import DTYPES, make_input, op_valid, reduce_reference, wrong
 
-# torch's names for the ops ringcomm has (land/lor have no torch.distributed counterpart).
-TORCH_OPS = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN,
-             "max": dist.ReduceOp.MAX, "avg": dist.ReduceOp.AVG, "band": dist.ReduceOp.BAND,
-             "bor": dist.ReduceOp.BOR, "bxor": dist.ReduceOp.BXOR}
+# Every op of ringcomm's that torch.distributed has, by torch's member.
+TORCH_OPS = torch_reduce_ops()
 COUNTS = [0, 1, 2, 5, 1031]
 
 

@@ -20,9 +20,9 @@ torch = pytest.importorskip("torch")
 
 try:
     from ringcomm import _C, cuda_backend
-    from sweep import OPS, op_valid
+    from sweep import DTYPES as SWEEP_DTYPES, OPS, op_valid
 except ImportError:  # not built: every test here skips
-    _C, OPS = None, []
+    _C, OPS, SWEEP_DTYPES = None, [], []
 
 HAS_CUDA = _C is not None and hasattr(_C, "cuda_available") and _C.cuda_available()
 if _C is not None:  # raw collectives: a CollectiveRequest each, Communicator.run
@@ -35,12 +35,9 @@ WORLDS = [int(w) for w in os.environ.get("RINGCOMM_TEST_WORLDS", "2,4").split(",
 # Every wait of a test's ring: short, so that a hang costs a test seconds, not minutes.
 RING_TIMEOUT = float(os.environ.get("RINGCOMM_TEST_RING_TIMEOUT", "20"))
 
-DTYPES = {
-    "float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
-    "bfloat16": torch.bfloat16, "int8": torch.int8, "uint8": torch.uint8,
-    "int32": torch.int32, "int64": torch.int64, "bool": torch.bool,
-}
-FLOATS = {"float32", "float64", "float16", "bfloat16"}
+# The C++ table's dtypes by name (tests/sweep.py reads it).
+DTYPES = {str(dtype).removeprefix("torch."): dtype for dtype in SWEEP_DTYPES}
+FLOATS = {name for name, dtype in DTYPES.items() if dtype.is_floating_point}
 COUNTS = [0, 1, 7, 1000, (1 << 20) + 3]
 
 # Every op the C++ table defines for the dtype (tests/sweep.py reads it).
@@ -130,7 +127,7 @@ def test_reduce_kernel_in_place(dtype):
 # a and out0 are float32, b and out1 the wire dtype; the CPU reducer is the reference, bit for bit.
 
 WIRES = ["float16", "bfloat16"]
-WIRE_OPS = ["sum", "prod", "min", "max", "avg"]
+WIRE_OPS = [op for op in OPS if op_valid(op, torch.float32)]  # a wire carries float32 data
 
 
 def _wire_inputs(n, gen):

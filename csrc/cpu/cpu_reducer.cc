@@ -67,7 +67,7 @@ __attribute__((always_inline)) inline void loopBody(T* out0, W* out1, const T* a
 }
 
 // The portable build targets baseline x86-64 (SSE2); the same loops compiled for AVX2 move twice
-// the bytes per instruction, which shows once slices sit in cache (docs/design.md).
+// the bytes per instruction, which shows once slices sit in cache (docs/benchmarks.md).
 #if defined(__x86_64__)
 bool hasAvx2() {
   static const bool has = __builtin_cpu_supports("avx2");
@@ -96,7 +96,7 @@ void loop(T* out0, W* out1, const T* a, const W* b, size_t n, Fn fn) {
       // Two outputs (the rank's result and the next hop's slot): reduce an L1-sized block into
       // out0, whose lines the loop has just read as `a` when in place, then memcpy it on.
       // memcpy's string moves write whole lines without first reading them, which vector stores
-      // into a slot the other core last read cannot (measured in docs/design.md).
+      // into a slot the other core last read cannot (measured: docs/benchmarks.md).
       constexpr size_t kBlock = 16384 / sizeof(T);
       for (size_t i = 0; i < n; i += kBlock) {
         const size_t m = std::min(kBlock, n - i);
@@ -226,7 +226,7 @@ void CpuReducer::reduce(void* out0, void* out1, const void* a, const void* b, si
 
 void CpuReducer::copy(void* out0, void* out1, const void* src, size_t bytes) {
   // Two memcpy calls: their string moves write whole lines without reading them first, which
-  // beat a single pass with two vector stores per load (docs/design.md).
+  // beat a single pass with two vector stores per load (docs/benchmarks.md).
   if (out0 && out0 != src) std::memcpy(out0, src, bytes);
   if (out1 && out1 != src) std::memcpy(out1, src, bytes);
 }

@@ -141,9 +141,7 @@ void publicationRound(CudaRing& ring, int rank, uintptr_t stream,
   const size_t world = bytesPerRank.size();
   RC_CHECK(rank >= 0 && static_cast<size_t>(rank) < world, "rank ", rank, " outside ", world);
   for (const auto& row : outputs) RC_CHECK(row.size() == world, "one output per rank");
-  // CudaRing always holds an NcclTransport; sizes are declared through it (not yet part of the
-  // Transport interface).
-  auto& transport = static_cast<NcclTransport&>(*ring.transport());
+  Transport& transport = *ring.transport();
   Reducer& reducer = *ring.reducer();
   const bool uneven =
       std::any_of(bytesPerRank.begin(), bytesPerRank.end(),

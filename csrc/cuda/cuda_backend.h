@@ -56,9 +56,9 @@ struct CudaRingOptions {
   size_t sliceBytes = 4 << 20;   // pipeline slice (also the NCCL staging slot size)
   int slots = 8;                 // staging slots per direction; slots/2 slice columns in flight
   // Largest publication of the one-hop algorithms per rank and phase; device memory
-  // (2 x worldSize + 2) x publishBytes (1 MiB: 18 MiB per rank at 8 ranks). 0, the default
-  // until two_shot's uneven chunks can be declared through Transport and a GPU has run it:
-  // none, so `auto` keeps the ring on NCCL.
+  // (2 x worldSize + 2) x publishBytes (1 MiB: 18 MiB per rank at 8 ranks). 0, the default:
+  // none, so `auto` keeps the ring on NCCL. The one-hop algorithms over NCCL have not yet run on
+  // a GPU; ringcomm.cuda_backend leaves them off, and the GPU tests set this to run them.
   size_t publishBytes = 0;
   double timeoutSeconds = 600.0;
   std::string library;            // NCCL's library, as the nccl_library option names it

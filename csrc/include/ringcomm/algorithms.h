@@ -39,10 +39,10 @@ struct AlgorithmInfo {
 // hops, N times the bytes read). two_shot (all_reduce): each rank reduces its chunk from every
 // rank's publication and publishes it, then copies every other rank's chunk. See
 // docs/design.md.
-// The thresholds are bench/tune.py's on 2 cores (docs/design.md, "Defaults"): one_shot beat the
-// ring up to 8 KiB at 4 ranks (0.7x at 8 B) and tied it at 2; two_shot and the one-hop halves
-// never beat it beyond the noise there, so auto leaves them off until a machine with a core per
-// rank measures otherwise.
+// The thresholds are bench/tune.py's on 2 cores (docs/design.md, "Defaults"; the figures in
+// docs/benchmarks.md): one_shot all_reduce beat the ring at small sizes; two_shot and the one-hop
+// halves never beat it beyond the noise there, so auto leaves them off (0). A host with a core
+// per rank sets its own from bench/tune.py (RINGCOMM_<NAME>_MAX_BYTES).
 inline constexpr uint32_t kOneHopPrimitives = primitiveBit(Primitive::AllReduce) |
                                               primitiveBit(Primitive::ReduceScatter) |
                                               primitiveBit(Primitive::AllGather);
