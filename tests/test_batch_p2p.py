@@ -117,6 +117,14 @@ def test_ring_exchange_in_one_batch_is_exact(n):
 
 # -- mismatched batches fail within the timeout -------------------------------------------------
 
+
+def _timed(body):
+    """body on 2 ranks of the host NCCL: each rank's result or exception, and the seconds taken."""
+    with host_nccl_backend(timeout=TIMEOUT):
+        start = time.monotonic()
+        results = run_ranks(2, body, timeout=TIMEOUT)
+        return results, time.monotonic() - start
+
 def test_a_batch_with_a_message_too_many_times_out_naming_the_batch():
     """Rank 0 sends two messages, rank 1 receives one: rank 1's batch completes, rank 0's group
     never does."""
@@ -130,10 +138,7 @@ def test_a_batch_with_a_message_too_many_times_out_naming_the_batch():
         comm._backend("cpu", -1).ring.synchronize()
         return "done"
 
-    with host_nccl_backend(timeout=TIMEOUT):
-        start = time.monotonic()
-        results = run_ranks(2, body, timeout=TIMEOUT)
-        elapsed = time.monotonic() - start
+    results, elapsed = _timed(body)
     assert isinstance(results[0], _C.CommTimeoutError), results[0]
     assert "batch_isend_irecv did not finish within" in str(results[0]), str(results[0])
     assert results[1] == "done"
@@ -149,10 +154,7 @@ def test_a_batch_whose_sizes_differ_fails_clearly():
         comm._backend("cpu", -1).ring.synchronize()
         return "done"
 
-    with host_nccl_backend(timeout=TIMEOUT):
-        start = time.monotonic()
-        results = run_ranks(2, body, timeout=TIMEOUT)
-        elapsed = time.monotonic() - start
+    results, elapsed = _timed(body)
     for result in results:
         assert isinstance(result, _C.RingcommError), result
     assert any("truncated" in str(r) for r in results), results

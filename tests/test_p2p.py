@@ -17,7 +17,8 @@ def block(src, dst, count, dtype):
     return (values % 2).to(dtype) if dtype == torch.bool else values.to(dtype)
 
 
-def _sweep(rank, n):
+def _communicator_and_check(rank):
+    """This rank's communicator, its failures, and check(name, actual, expected) adding to them."""
     torch.set_num_threads(1)
     comm = ringcomm.Communicator(timeout=60)
     failures = []
@@ -26,6 +27,12 @@ def _sweep(rank, n):
         bad = wrong(actual, expected)
         if bad:
             failures.append(f"rank {rank}: {name}: {bad} wrong")
+
+    return comm, failures, check
+
+
+def _sweep(rank, n):
+    comm, failures, check = _communicator_and_check(rank)
 
     for dtype in DTYPES:
         for count in COUNTS:
@@ -78,14 +85,7 @@ def _batches(rank, n):
     """Communicator.batch_isend_irecv over shared memory: every rank lists its sends first, to
     every other rank, messages of several times what a link holds (a send waits for room),
     then two more to the next rank; and a batch that receives what single sends sent."""
-    torch.set_num_threads(1)
-    comm = ringcomm.Communicator(timeout=60)
-    failures = []
-
-    def check(name, actual, expected):
-        bad = wrong(actual, expected)
-        if bad:
-            failures.append(f"rank {rank}: {name}: {bad} wrong")
+    comm, failures, check = _communicator_and_check(rank)
 
     big = 300_007  # float64: 2.4 MB, past the 16 x 64 KiB slots of a link
     others = [p for p in range(n) if p != rank]
