@@ -59,15 +59,16 @@ void Communicator::collective(uintptr_t stream, const CallName& call,
 void Communicator::bracket(Transport& transport, uintptr_t stream, const CallName& call,
                            const std::function<void()>& body) {
   try {
-    try {
-      transport.begin(stream, call);
-    } catch (const RefusedError&) {
-      throw;  // begin() started nothing: the communicator stays usable
-    }
+    transport.begin(stream, call);
+  } catch (const RefusedError&) {
+    throw;  // begin() refused before starting anything: the communicator stays usable
+  } catch (const Error& e) {
+    failed(e.what());
+    throw;
+  }
+  try {
     body();
     transport.end();
-  } catch (const RefusedError&) {
-    throw;
   } catch (const Error& e) {
     failed(e.what());
     throw;
