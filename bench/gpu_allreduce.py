@@ -65,7 +65,7 @@ def _rank(rank, world, store_path, sizes_mib, iters, warmup, slices, out_path):
         x = torch.full((n,), float(rank + 1), device="cuda")
 
         def ours():
-            comm.run(_C.Primitive.all_reduce, x.data_ptr(), 0, n, _C.DataType.float32,
+            comm.run(_C.Collective.all_reduce, x.data_ptr(), 0, n, _C.DataType.float32,
                      _C.RedOp.sum, 0, _C.Algorithm.ring, None, stream)
 
         def theirs():
@@ -77,7 +77,7 @@ def _rank(rank, world, store_path, sizes_mib, iters, warmup, slices, out_path):
             t_ours = _time(ours, iters, warmup)
             host = _host_time(ours, iters)
             # One NCCL group per receive: 2(n-1) steps of `columns` slices each.
-            columns = _C.testing.column_count(_C.Primitive.all_reduce, world, n, slice_bytes // 4)
+            columns = _C.testing.column_count(_C.Collective.all_reduce, world, n, slice_bytes // 4)
             receives = 2 * (world - 1) * columns
             x.fill_(float(rank + 1))
             ours()

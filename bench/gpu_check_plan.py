@@ -55,13 +55,13 @@ TESTS = {
                           Test("test_publication_rounds", 5, 2),
                           Test("test_one_hop_all_reduce_exact", 20, 2)],
     "tests_rest": [Test("test_python_api_on_cuda_tensors", 5, 2),
-                   Test("test_every_primitive", 20, 2),
+                   Test("test_every_collective", 20, 2),
                    Test("test_wire_all_reduce", 15, 2),
                    Test("test_nccl_loads_and_makes_ids", 2),
                    Test("test_reduce_kernel_exact", 25),
                    Test("test_wire_reduce_kernel_matches_cpu", 10),
                    Test("test_a_cuda_work_waits_on_the_gpu_not_the_host", 5)],
-    "tests4": [Test("test_every_primitive", 30, 4), Test("test_wire_all_reduce", 25, 4)],
+    "tests4": [Test("test_every_collective", 30, 4), Test("test_wire_all_reduce", 25, 4)],
 }
 
 # The kernels under compute-sanitizer's memcheck: each test in one process, every tensor its own

@@ -33,7 +33,7 @@ def counts_per_call(world, mib, slice_mib, calls=2, cuda_graphs=True):
                                  cuda_graphs=cuda_graphs)
             comm = _C.Communicator(rank, world, ring.transport, ring.reducer, slice_bytes)
             buf = torch.ones(count)
-            request = _C.CollectiveRequest(_C.Primitive.all_reduce, buf.data_ptr(), 0, count,
+            request = _C.CollectiveRequest(_C.Collective.all_reduce, buf.data_ptr(), 0, count,
                                            _C.DataType.float32, _C.RedOp.sum)
             for _ in range(3):
                 comm.run(request)

@@ -45,7 +45,7 @@ import run  # bench/run.py: the launcher (it finds ringcomm in a source checkout
 from collectives import COLLECTIVES
 
 import ringcomm  # noqa: E402 (after run, which puts a checkout's ringcomm on the path)
-from ringcomm.options import (ALGORITHM_COLLECTIVES, ALGORITHMS, THRESHOLDS,  # noqa: E402
+from ringcomm.options import (COLLECTIVES_WITH_ALGORITHM, ALGORITHMS, THRESHOLDS,  # noqa: E402
                               CommOptions)
 
 SELECTOR, REFERENCE, BASELINE = "auto", "ring", "gloo"
@@ -89,7 +89,7 @@ def select(size, thresholds, fallback=REFERENCE, collective="all_reduce", world=
                        if f"{name}_max_bytes" in limits})
     else:
         limits["two_shot_max_bytes"] = thresholds.get("one_shot", 0)
-    chosen = ringcomm._C.choose_algorithm(ringcomm._C.Primitive.__members__[collective], size,
+    chosen = ringcomm._C.choose_algorithm(ringcomm._C.Collective.__members__[collective], size,
                                           world, limits).name
     return chosen if chosen in thresholds else fallback
 
@@ -446,7 +446,7 @@ def plot(path, records, title):
 def tuned_collectives():
     """The collectives an algorithm other than the ring plans (all_reduce first), where their
     Communicator call takes algorithm=."""
-    return [c for c in ALGORITHM_COLLECTIVES if run.takes_algorithm(COLLECTIVES[c])]
+    return [c for c in COLLECTIVES_WITH_ALGORITHM if run.takes_algorithm(COLLECTIVES[c])]
 
 
 def main(argv=None):

@@ -102,18 +102,18 @@ void bindCollectiveRequest(py::module_& m) {
                 "One collective call for Communicator.run: which collective, its buffers (raw "
                 "addresses), count (elements of the in-place tensor, else of this rank's block), "
                 "dtype, op, root, algorithm, wire dtype and stream")
-      .def(py::init([](Primitive primitive, uintptr_t output, uintptr_t input, size_t count,
+      .def(py::init([](Collective collective, uintptr_t output, uintptr_t input, size_t count,
                        DataType type, RedOp op, int root, Algorithm algorithm,
                        std::optional<DataType> wireType, uintptr_t stream) {
-             return R{primitive, address(output), address(input), count, type, op, root,
+             return R{collective, address(output), address(input), count, type, op, root,
                       algorithm, wireType, stream};
            }),
-           py::arg("primitive"), py::arg("output") = 0, py::arg("input") = 0,
+           py::arg("collective"), py::arg("output") = 0, py::arg("input") = 0,
            py::arg("count") = 0, py::arg("dtype") = DataType::Float32,
            py::arg("op") = RedOp::Sum, py::arg("root") = 0,
            py::arg("algorithm") = Algorithm::Ring, py::arg("wire_dtype") = py::none(),
            py::arg("stream") = 0)
-      .def_readwrite("primitive", &R::primitive)
+      .def_readwrite("collective", &R::collective)
       .def_property(
           "output", [](const R& r) { return reinterpret_cast<uintptr_t>(r.output); },
           [](R& r, uintptr_t value) { r.output = address(value); })
@@ -129,7 +129,7 @@ void bindCollectiveRequest(py::module_& m) {
       .def_readwrite("stream", &R::stream)
       .def("__repr__", [](const R& r) {
         std::ostringstream out;
-        out << "CollectiveRequest(" << primitiveName(r.primitive) << ", output=" << r.output
+        out << "CollectiveRequest(" << collectiveName(r.collective) << ", output=" << r.output
             << ", input=" << r.input << ", count=" << r.count << ", dtype="
             << dataTypeName(r.type) << ", op=" << redOpName(r.op) << ", root=" << r.root
             << ", algorithm=" << algorithmName(r.algorithm) << ", wire_dtype="
@@ -193,18 +193,18 @@ PYBIND11_MODULE(_C, m) {
   for (const DataTypeInfo& row : kDataTypes) dataTypes.value(row.name, row.type);
   py::enum_<RedOp> redOps(m, "RedOp");
   for (const RedOpInfo& row : kRedOps) redOps.value(row.name, row.op);
-  py::enum_<Primitive> primitives(m, "Primitive");
-  for (const PrimitiveInfo& row : kPrimitives) primitives.value(row.name, row.primitive);
+  py::enum_<Collective> collectiveEnum(m, "Collective");
+  for (const CollectiveInfo& row : kCollectives) collectiveEnum.value(row.name, row.collective);
   py::enum_<Algorithm> algorithms(m, "Algorithm");
-  py::dict algorithmPrimitives;  // name -> the collectives it plans (auto: accepts)
+  py::dict algorithmCollectives;  // name -> the collectives it plans (auto: accepts)
   for (const AlgorithmInfo& row : kAlgorithms) {
     algorithms.value(row.name, row.algorithm);
     py::list plans;
-    for (const PrimitiveInfo& primitive : kPrimitives)
-      if (algorithmPlans(row.algorithm, primitive.primitive)) plans.append(primitive.name);
-    algorithmPrimitives[row.name] = plans;
+    for (const CollectiveInfo& collective : kCollectives)
+      if (algorithmPlans(row.algorithm, collective.collective)) plans.append(collective.name);
+    algorithmCollectives[row.name] = plans;
   }
-  m.attr("ALGORITHM_PRIMITIVES") = algorithmPrimitives;
+  m.attr("ALGORITHM_COLLECTIVES") = algorithmCollectives;
   py::dict thresholds, uses;  // CommOptions' threshold fields: defaults and what they govern
   for (const AlgorithmInfo& row : kAlgorithms) {
     if (!row.autoMaxBytes) continue;
@@ -214,10 +214,10 @@ PYBIND11_MODULE(_C, m) {
   m.attr("DEFAULT_THRESHOLDS") = thresholds;
   m.attr("THRESHOLD_USES") = uses;
   py::list planned;  // the collectives the schedule covers, in enum order
-  py::dict collectives;  // their kPrimitives columns, which the Python layer and tests read
-  for (const PrimitiveInfo& row : kPrimitives) {
+  py::dict collectives;  // their kCollectives columns, which the Python layer and tests read
+  for (const CollectiveInfo& row : kCollectives) {
     if (!row.planned) continue;
-    planned.append(row.primitive);
+    planned.append(row.collective);
     py::dict info;
     info["reduces"] = row.reduces;
     info["root"] = row.root != nullptr ? py::object(py::str(row.root)) : py::object(py::none());
@@ -225,7 +225,7 @@ PYBIND11_MODULE(_C, m) {
     info["wire"] = row.wire;
     collectives[row.name] = info;
   }
-  m.attr("PLANNED_PRIMITIVES") = planned;
+  m.attr("PLANNED_COLLECTIVES") = planned;
   m.attr("COLLECTIVES") = collectives;
 
   m.def("dtype_size", &dataTypeSize);
@@ -238,9 +238,9 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "collective_header",
       [](const CollectiveRequest& r) {
-        const Envelope e = collectiveHeader(r.primitive, r.count, r.type, r.op, r.root,
+        const Envelope e = collectiveHeader(r.collective, r.count, r.type, r.op, r.root,
                                             r.wireType.value_or(r.type), r.algorithm);
-        return std::vector<int64_t>{e.primitive, e.dataType, e.op, e.root, e.wireType,
+        return std::vector<int64_t>{e.collective, e.dataType, e.op, e.root, e.wireType,
                                     static_cast<int64_t>(e.count), e.algorithm};
       },
       py::arg("request"));
@@ -248,7 +248,7 @@ PYBIND11_MODULE(_C, m) {
       "describe_collective",
       [](const std::vector<int64_t>& h) {
         RC_CHECK(h.size() == 7, "a collective header has 7 fields, not ", h.size());
-        Envelope e = collectiveHeader(static_cast<Primitive>(h[0]), static_cast<uint64_t>(h[5]),
+        Envelope e = collectiveHeader(static_cast<Collective>(h[0]), static_cast<uint64_t>(h[5]),
                                       static_cast<DataType>(h[1]), static_cast<RedOp>(h[2]),
                                       static_cast<int>(h[3]), static_cast<DataType>(h[4]),
                                       static_cast<Algorithm>(h[6]));
@@ -258,24 +258,24 @@ PYBIND11_MODULE(_C, m) {
   m.def("build_info", &buildInfo);
   m.def(
       "make_plan",
-      [](Primitive primitive, int rank, int worldSize, size_t count, int root,
+      [](Collective collective, int rank, int worldSize, size_t count, int root,
          std::optional<DataType> type, std::optional<DataType> wire, Algorithm algorithm) {
         // With a dtype, the plan the communicator runs (chunks aligned for that dtype);
         // without, the unaligned split.
         size_t align = type ? chunkAlignment(*type, wire.value_or(*type)) : 1;
-        return planToDict(makePlan({primitive, rank, worldSize, count, root, align, algorithm}));
+        return planToDict(makePlan({collective, rank, worldSize, count, root, align, algorithm}));
       },
-      py::arg("primitive"), py::arg("rank"), py::arg("world_size"), py::arg("count"),
+      py::arg("collective"), py::arg("rank"), py::arg("world_size"), py::arg("count"),
       py::arg("root") = 0, py::arg("dtype") = py::none(), py::arg("wire_dtype") = py::none(),
       py::arg("algorithm") = Algorithm::Ring);
   m.def(
       "choose_algorithm",
-      [](Primitive primitive, size_t bytes, int worldSize,
+      [](Collective collective, size_t bytes, int worldSize,
          const std::map<std::string, size_t>& thresholds, bool publications) {
-        return chooseAlgorithm(primitive, bytes, worldSize, publications,
+        return chooseAlgorithm(collective, bytes, worldSize, publications,
                                thresholdsFrom(thresholds));
       },
-      py::arg("primitive"), py::arg("bytes"), py::arg("world_size"),
+      py::arg("collective"), py::arg("bytes"), py::arg("world_size"),
       py::arg("thresholds") = std::map<std::string, size_t>{}, py::arg("publications") = true,
       "What algorithm=auto runs (the communicator's own rule); thresholds by name "
       "(DEFAULT_THRESHOLDS' keys; the ones not given keep their defaults)");
@@ -337,19 +337,19 @@ PYBIND11_MODULE(_C, m) {
       // request object (about 0.5 us) and pybind's keyword matching (about 0.7 us).
       .def(
           "run",
-          [](Comm& c, Primitive primitive, uintptr_t output, uintptr_t input, size_t count,
+          [](Comm& c, Collective collective, uintptr_t output, uintptr_t input, size_t count,
              DataType type, RedOp op, int root, Algorithm algorithm,
              std::optional<DataType> wireType, uintptr_t stream) {
-            c.run(CollectiveRequest{primitive, address(output), address(input), count, type, op,
+            c.run(CollectiveRequest{collective, address(output), address(input), count, type, op,
                                     root, algorithm, wireType, stream});
           },
           release)
       .def("run", &Comm::run, py::arg("request"), release,
            "Runs one collective, on the caller's thread or (device transports) stream: a "
-           "CollectiveRequest, or its fields positionally (primitive, output, input, count, "
+           "CollectiveRequest, or its fields positionally (collective, output, input, count, "
            "dtype, op, root, algorithm, wire_dtype, stream)")
       .def("resolve_algorithm", &Comm::resolveAlgorithm, py::arg("algorithm"),
-           py::arg("primitive"), py::arg("bytes"),
+           py::arg("collective"), py::arg("bytes"),
            "The algorithm a collective of `bytes` runs with when `algorithm` is asked for")
       .def("set_peer_links", &Comm::setPeerLinks, py::arg("links"))
       .def(

@@ -6,15 +6,15 @@ import torch
 
 from . import _C, backends, checks, waiting, work
 from .buffers import as_buffer, as_c_dtype, cpu_array
-from .options import ALGORITHM_COLLECTIVES, CommOptions, algorithm_for
+from .options import COLLECTIVES_WITH_ALGORITHM, CommOptions, algorithm_for
 from .ops import to_c_op
 from .point_to_point import PointToPoint
 from .rendezvous import Rendezvous
 from .stats import CommStats, from_traffic
 
-_P = _C.Primitive
+_Collective = _C.Collective
 _SUM, _RING = _C.RedOp.sum, _C.Algorithm.ring
-_ALL_REDUCE, _BROADCAST = _P.all_reduce, _P.broadcast
+_ALL_REDUCE, _BROADCAST = _Collective.all_reduce, _Collective.broadcast
 # Set on the worker thread while it runs a queued call: calls made from there run at once
 # (they are already in order) instead of queueing behind themselves.
 _on_worker = threading.local()
@@ -75,7 +75,7 @@ class Communicator(PointToPoint):
         # plans that collective, else the ring.
         self._default_algorithms = {
             name: checks.algorithm(algorithm_for(self.options.algorithm, name))
-            for name in ALGORITHM_COLLECTIVES}
+            for name in COLLECTIVES_WITH_ALGORITHM}
         self._last = None
         self._stats_base = {}  # backend -> collectives run before the last reset_stats
         self._closed = False
@@ -144,7 +144,7 @@ class Communicator(PointToPoint):
         checks.sizes(inp.numel, out.numel * self.world_size, "input", "world_size x output")
         checks.aliasing(out, inp, inp.element_address(self.rank * out.numel))
         c_algorithm = self._algorithm_for("reduce_scatter", algorithm)
-        request = (_P.reduce_scatter, out.address, inp.address, out.numel, out.c_dtype,
+        request = (_Collective.reduce_scatter, out.address, inp.address, out.numel, out.c_dtype,
                    to_c_op(op), 0, c_algorithm, None)
         self._precheck(request, inp)
         return self._run_in_order(out, request, output, async_op)
@@ -163,7 +163,7 @@ class Communicator(PointToPoint):
         checks.same_kind(out, inp)
         checks.sizes(out.numel, inp.numel * self.world_size, "output", "world_size x input")
         checks.aliasing(out, inp, out.element_address(self.rank * inp.numel), inp_inside_out=True)
-        request = (_P.all_gather, out.address, inp.address, inp.numel, out.c_dtype, _SUM, 0,
+        request = (_Collective.all_gather, out.address, inp.address, inp.numel, out.c_dtype, _SUM, 0,
                    self._algorithm_for("all_gather", algorithm), None)
         self._precheck(request, inp)
         return self._run_in_order(out, request, output, async_op)
@@ -195,7 +195,7 @@ class Communicator(PointToPoint):
         """
         buf = checks.writable(tensor, "tensor")
         checks.root(dst, "dst", self.world_size)
-        request = (_P.reduce, buf.address, 0, buf.numel, buf.c_dtype, to_c_op(op), dst, _RING, None)
+        request = (_Collective.reduce, buf.address, 0, buf.numel, buf.c_dtype, to_c_op(op), dst, _RING, None)
         self._precheck(request, buf)
         return self._run_in_order(buf, request, tensor, async_op)
 
@@ -220,7 +220,7 @@ class Communicator(PointToPoint):
             checks.sizes(out.numel, inp.numel * self.world_size, "output", "world_size x input")
             checks.aliasing(out, inp, out.element_address(self.rank * inp.numel), inp_inside_out=True)
             address = out.address
-        request = (_P.gather, address, inp.address, inp.numel, inp.c_dtype, _SUM, dst, _RING, None)
+        request = (_Collective.gather, address, inp.address, inp.numel, inp.c_dtype, _SUM, dst, _RING, None)
         self._precheck(request, inp)
         return self._run_in_order(inp, request, output, async_op)
 
@@ -245,13 +245,13 @@ class Communicator(PointToPoint):
             checks.sizes(inp.numel, out.numel * self.world_size, "input", "world_size x output")
             checks.aliasing(out, inp, inp.element_address(self.rank * out.numel))
             address = inp.address
-        request = (_P.scatter, out.address, address, out.numel, out.c_dtype, _SUM, src, _RING, None)
+        request = (_Collective.scatter, out.address, address, out.numel, out.c_dtype, _SUM, src, _RING, None)
         self._precheck(request, inp if self.rank == src else None)
         return self._run_in_order(out, request, output, async_op)
 
     # -- the hot path --------------------------------------------------------------------------
 
-    def try_run_now(self, primitive, output, input, count, dtype, op=_SUM, root=0,
+    def try_run_now(self, collective, output, input, count, dtype, op=_SUM, root=0,
                     algorithm=_RING, wire_dtype=None):
         """Runs one collective on the CPU ring at once, on the calling thread, when nothing more
         is asked of the call: no ``debug`` or ``check_finite`` exchange, no asynchronous work
@@ -268,7 +268,7 @@ class Communicator(PointToPoint):
         Example::
 
             C, t = ringcomm._C, torch.ones(2)
-            if not comm.try_run_now(C.Primitive.all_reduce, t.data_ptr(), 0, 2, C.DataType.float32,
+            if not comm.try_run_now(C.Collective.all_reduce, t.data_ptr(), 0, 2, C.DataType.float32,
                                     C.RedOp.sum, 0, comm.default_algorithm("all_reduce")):
                 comm.all_reduce(t)  # debug or queued work asked for more: the checked route
         """
@@ -280,7 +280,7 @@ class Communicator(PointToPoint):
             if comm is None or (self._last is not None and
                                 not getattr(_on_worker, "active", False)):
                 return False
-            comm.run(primitive, output, input, count, dtype, op, root, algorithm, wire_dtype, 0)
+            comm.run(collective, output, input, count, dtype, op, root, algorithm, wire_dtype, 0)
             return True
         finally:
             self._lock.release()
@@ -411,7 +411,7 @@ class Communicator(PointToPoint):
         header = _C.collective_header(_C.CollectiveRequest(*request))
         mine = torch.tensor(header + [first_bad], dtype=torch.int64)
         everyone = torch.empty(self.world_size * mine.numel(), dtype=torch.int64)
-        exchange = _C.CollectiveRequest(_P.all_gather, everyone.data_ptr(), mine.data_ptr(),
+        exchange = _C.CollectiveRequest(_Collective.all_gather, everyone.data_ptr(), mine.data_ptr(),
                                         mine.numel(), _C.DataType.int64)
         self._on_backend(_CPU_BUFFER, lambda comm, stream: comm.run(exchange))
         rows = everyone.view(self.world_size, -1).tolist()

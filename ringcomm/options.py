@@ -36,34 +36,34 @@ from .rendezvous import timeout_seconds
 # Algorithm names, from the C++ table (kAlgorithms in csrc/include/ringcomm/algorithms.h): "ring";
 # "one_shot" (all_reduce, reduce_scatter, all_gather) and "two_shot" (all_reduce) read every
 # rank's publication in one hop (CPU shared memory); "auto" picks by size (the *_max_bytes
-# thresholds), the same on every rank. ALGORITHM_PRIMITIVES: the collectives each one runs.
+# thresholds), the same on every rank. ALGORITHM_COLLECTIVES: the collectives each one runs.
 ALGORITHMS = tuple(_C.Algorithm.__members__)
-ALGORITHM_PRIMITIVES = {name: tuple(primitives)
-                        for name, primitives in _C.ALGORITHM_PRIMITIVES.items()}
+ALGORITHM_COLLECTIVES = {name: tuple(collectives)
+                        for name, collectives in _C.ALGORITHM_COLLECTIVES.items()}
 # The collectives an algorithm other than the ring plans, in the table's order: their calls take
 # algorithm= (auto plans what the ring plans, so it adds none).
-ALGORITHM_COLLECTIVES = tuple(
+COLLECTIVES_WITH_ALGORITHM = tuple(
     name for name in _C.COLLECTIVES
-    if any(name in ALGORITHM_PRIMITIVES[a] for a in ALGORITHMS if a not in ("ring", "auto")))
+    if any(name in ALGORITHM_COLLECTIVES[a] for a in ALGORITHMS if a not in ("ring", "auto")))
 # auto's thresholds, {field: default}, from the same table: "<algorithm>_max_bytes" for every
 # algorithm auto picks by size, set by RINGCOMM_<ALGORITHM>_MAX_BYTES.
 THRESHOLDS = dict(_C.DEFAULT_THRESHOLDS)
 
 
-def check_algorithm(name, primitive=None):
-    """`name` if it is an algorithm (that runs `primitive`, when given), else ValueError."""
+def check_algorithm(name, collective=None):
+    """`name` if it is an algorithm (that runs `collective`, when given), else ValueError."""
     if name not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {name!r}; one of {ALGORITHMS}")
-    if primitive is not None and primitive not in ALGORITHM_PRIMITIVES[name]:
-        runs = [a for a in ALGORITHMS if primitive in ALGORITHM_PRIMITIVES[a]]
-        raise ValueError(f"algorithm {name!r} does not run {primitive}; one of {runs}")
+    if collective is not None and collective not in ALGORITHM_COLLECTIVES[name]:
+        runs = [a for a in ALGORITHMS if collective in ALGORITHM_COLLECTIVES[a]]
+        raise ValueError(f"algorithm {name!r} does not run {collective}; one of {runs}")
     return name
 
 
-def algorithm_for(name, primitive):
-    """The algorithm `primitive` runs by default when the option says `name`: `name` where it
+def algorithm_for(name, collective):
+    """The algorithm `collective` runs by default when the option says `name`: `name` where it
     runs that collective (two_shot runs all_reduce only), else the ring."""
-    return name if primitive in ALGORITHM_PRIMITIVES[check_algorithm(name)] else "ring"
+    return name if collective in ALGORITHM_COLLECTIVES[check_algorithm(name)] else "ring"
 
 
 def _flag(*on):

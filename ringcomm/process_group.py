@@ -31,7 +31,7 @@ from .rendezvous import Rendezvous
 from .ops import to_c_op
 
 NAME = "ringcomm"
-_ALL_REDUCE, _BROADCAST = _C.Primitive.all_reduce, _C.Primitive.broadcast
+_ALL_REDUCE, _BROADCAST = _C.Collective.all_reduce, _C.Collective.broadcast
 
 _RedOpType = dist.ReduceOp.RedOpType
 

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 from . import _C
 from .buffers import as_c_dtype
-from .options import ALGORITHM_PRIMITIVES, check_algorithm
+from .options import ALGORITHM_COLLECTIVES, check_algorithm
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class Schedule:
         >>> print(ringcomm.schedule("all_reduce", world_size=3, count=12))
     """
 
-    primitive: str
+    collective: str
     world_size: int
     count: int
     root: int
@@ -67,8 +67,8 @@ class Schedule:
 
     def __str__(self):
         chunks = " ".join(f"c{i}=[{o},{o + n})" for i, (o, n) in enumerate(self.chunks))
-        header = f"{self.primitive}: {self.world_size} ranks, count {self.count}"
-        if _C.COLLECTIVES[self.primitive]["root"]:
+        header = f"{self.collective}: {self.world_size} ranks, count {self.count}"
+        if _C.COLLECTIVES[self.collective]["root"]:
             header += f", root {self.root}"
         if self.algorithm != "ring":
             header += f", {self.algorithm} (each round of publications runs every step)"
@@ -85,10 +85,10 @@ class Schedule:
         return "\n".join(lines)
 
 
-def schedule(primitive="all_reduce", world_size=4, count=None, root=0, dtype="float32",
+def schedule(collective="all_reduce", world_size=4, count=None, root=0, dtype="float32",
              wire_dtype=None, algorithm="ring"):
-    """The plan every rank follows for ``primitive`` (a name as in torch.distributed) with
-    ``algorithm`` ("ring", "one_shot", "two_shot": ringcomm.options.ALGORITHM_PRIMITIVES says
+    """The plan every rank follows for ``collective`` (a name as in torch.distributed) with
+    ``algorithm`` ("ring", "one_shot", "two_shot": ringcomm.options.ALGORITHM_COLLECTIVES says
     which runs what).
 
     ``count`` is the tensor's elements for a collective that runs in place (all_reduce,
@@ -101,17 +101,17 @@ def schedule(primitive="all_reduce", world_size=4, count=None, root=0, dtype="fl
         >>> print(ringcomm.schedule("reduce_scatter", world_size=4))
         >>> print(ringcomm.schedule("all_reduce", world_size=3, algorithm="two_shot"))
     """
-    planned = {kind.name: kind for kind in _C.PLANNED_PRIMITIVES}
-    kind = planned.get(primitive)
+    planned = {kind.name: kind for kind in _C.PLANNED_COLLECTIVES}
+    kind = planned.get(collective)
     if kind is None:
-        raise ValueError(f"no ring schedule for {primitive!r}; one of {list(planned)}")
+        raise ValueError(f"no ring schedule for {collective!r}; one of {list(planned)}")
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     if count is None:  # one element per rank: the whole tensor's, or each rank's block
-        count = world_size if _C.COLLECTIVES[primitive]["layout"] == "in_place" else 1
-    if algorithm == "auto" or primitive not in ALGORITHM_PRIMITIVES.get(algorithm, (primitive,)):
-        runs = [a for a, kinds in ALGORITHM_PRIMITIVES.items() if primitive in kinds and a != "auto"]
-        raise ValueError(f"no {algorithm!r} schedule for {primitive!r}; one of {runs}")
+        count = world_size if _C.COLLECTIVES[collective]["layout"] == "in_place" else 1
+    if algorithm == "auto" or collective not in ALGORITHM_COLLECTIVES.get(algorithm, (collective,)):
+        runs = [a for a, kinds in ALGORITHM_COLLECTIVES.items() if collective in kinds and a != "auto"]
+        raise ValueError(f"no {algorithm!r} schedule for {collective!r}; one of {runs}")
     c_algorithm = _C.Algorithm.__members__[check_algorithm(algorithm)]
     c_dtype = as_c_dtype(dtype)
     c_wire = c_dtype if wire_dtype is None else as_c_dtype(wire_dtype)
@@ -119,4 +119,4 @@ def schedule(primitive="all_reduce", world_size=4, count=None, root=0, dtype="fl
              for rank in range(world_size)]
     steps = tuple(tuple(Step(**s) for s in plan["steps"]) for plan in plans)
     chunks = tuple(tuple(c) for c in plans[0]["chunks"])
-    return Schedule(primitive, world_size, count, root, algorithm, chunks, steps)
+    return Schedule(collective, world_size, count, root, algorithm, chunks, steps)

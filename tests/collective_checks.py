@@ -1,4 +1,4 @@
-"""Every primitive, checked against exact references (tests/sweep.py) on CPU or CUDA tensors:
+"""Every collective, checked against exact references (tests/sweep.py) on CPU or CUDA tensors:
 the sweep behind tests/test_collectives.py (CPU, several world sizes) and the GPU check's
 world-2 sweep (tests/test_gpu.py), nccl-tests style #wrong counts per case."""
 import numpy as np
@@ -24,7 +24,7 @@ def counts_for(n):
 
 
 class Checker:
-    """Runs every primitive once per call on `device` tensors and records each case's #wrong
+    """Runs every collective once per call on `device` tensors and records each case's #wrong
     elements against the exact reference (computed on the CPU)."""
 
     def __init__(self, comm, device="cpu"):

@@ -10,7 +10,7 @@ import torch
 
 import ringcomm
 from launcher import launch
-from ringcomm.options import ALGORITHM_PRIMITIVES, ALGORITHMS
+from ringcomm.options import ALGORITHM_COLLECTIVES, ALGORITHMS
 from sweep import DTYPES, OPS, make_input, op_valid, reduce_reference, wrong
 
 # Small publications, so that a few hundred elements already take several rounds.
@@ -36,7 +36,7 @@ def exact_sweep(rank, n):
         results[case] = (wrong(actual, expected), actual.clone())
 
     def runs(collective):
-        return [a for a in ONE_HOP if collective in ALGORITHM_PRIMITIVES[a]]
+        return [a for a in ONE_HOP if collective in ALGORITHM_COLLECTIVES[a]]
 
     for dtype in DTYPES:
         for op in [o for o in OPS if op_valid(o, dtype)]:
@@ -207,18 +207,18 @@ def test_transports_without_publications_run_auto_as_the_ring_and_refuse_one_hop
     """NCCL has no publications today; shared-memory peer links (a Transport without them)
     stand in for it: auto falls back to the ring, one_shot is refused before anything is sent."""
     C = ringcomm._C
-    A, P = C.Algorithm, C.Primitive
+    A, P = C.Algorithm, C.Collective
     links = C.ShmPeerLinks(0, 2, 4096, 4, 5.0, 0)
     comm = C.Communicator(0, 2, links, C.CpuReducer(), 4096)
-    for primitive in (P.all_reduce, P.reduce_scatter, P.all_gather):
-        assert comm.resolve_algorithm(A.auto, primitive, 8) == A.ring
+    for collective in (P.all_reduce, P.reduce_scatter, P.all_gather):
+        assert comm.resolve_algorithm(A.auto, collective, 8) == A.ring
     with pytest.raises(ringcomm.RingcommError, match="one_shot all_reduce needs a transport with "
                                                       "publications"):
         comm.resolve_algorithm(A.one_shot, P.all_reduce, 8)
     with pytest.raises(ringcomm.RingcommError, match="two_shot does not run all_gather"):
         comm.resolve_algorithm(A.two_shot, P.all_gather, 8)
-    assert set(ALGORITHM_PRIMITIVES["one_shot"]) == {"all_reduce", "reduce_scatter", "all_gather"}
-    assert ALGORITHM_PRIMITIVES["two_shot"] == ("all_reduce",)
+    assert set(ALGORITHM_COLLECTIVES["one_shot"]) == {"all_reduce", "reduce_scatter", "all_gather"}
+    assert ALGORITHM_COLLECTIVES["two_shot"] == ("all_reduce",)
     with pytest.raises(ringcomm.RingcommError, match="publications must hold at least 64 bytes"):
         C.ShmTransport(0, 2, 4096, 4, 5.0, 0, publish_bytes=32)
     alone = C.Communicator(0, 1, C.ShmTransport(0, 1, 4096, 4, 5.0, 0), C.CpuReducer(), 4096)
@@ -227,7 +227,7 @@ def test_transports_without_publications_run_auto_as_the_ring_and_refuse_one_hop
 
 def test_auto_thresholds_pick_by_size_on_shared_memory():
     C = ringcomm._C
-    A, P = C.Algorithm, C.Primitive
+    A, P = C.Algorithm, C.Collective
     def communicator(world):  # transports not connected: choosing needs no peer
         return C.Communicator(0, world, C.ShmTransport(0, world, 4096, 4, 5.0, 0), C.CpuReducer(),
                               4096, thresholds={"one_shot_max_bytes": 100,
@@ -238,14 +238,14 @@ def test_auto_thresholds_pick_by_size_on_shared_memory():
     picks = {b: comm.resolve_algorithm(A.auto, P.all_reduce, b) for b in sizes}
     assert picks == {0: A.one_shot, 100: A.one_shot, 101: A.two_shot, 1000: A.two_shot,
                      1001: A.ring}
-    for primitive in (P.reduce_scatter, P.all_gather):
-        assert comm.resolve_algorithm(A.auto, primitive, 1000) == A.one_shot
-        assert comm.resolve_algorithm(A.auto, primitive, 1001) == A.ring
+    for collective in (P.reduce_scatter, P.all_gather):
+        assert comm.resolve_algorithm(A.auto, collective, 1000) == A.one_shot
+        assert comm.resolve_algorithm(A.auto, collective, 1001) == A.ring
     assert comm.resolve_algorithm(A.auto, P.broadcast, 8) == A.ring
     # 2 ranks: the ring takes as few hops as two_shot and the one-hop halves; one_shot still
     # saves one.
     pair = communicator(2)
     picks = {b: pair.resolve_algorithm(A.auto, P.all_reduce, b) for b in sizes}
     assert picks == {0: A.one_shot, 100: A.one_shot, 101: A.ring, 1000: A.ring, 1001: A.ring}
-    for primitive in (P.reduce_scatter, P.all_gather):
-        assert pair.resolve_algorithm(A.auto, primitive, 8) == A.ring
+    for collective in (P.reduce_scatter, P.all_gather):
+        assert pair.resolve_algorithm(A.auto, collective, 8) == A.ring

@@ -73,7 +73,7 @@ def test_the_algorithm_table_owns_the_thresholds(monkeypatch):
     one_shot = defaults["one_shot_max_bytes"]
     assert f"| one_shot_max_bytes | RINGCOMM_ONE_SHOT_MAX_BYTES | {one_shot // 1024} KiB" in \
         ringcomm.options.__doc__
-    P, A = C.Primitive, C.Algorithm
+    P, A = C.Collective, C.Algorithm
     assert C.choose_algorithm(P.all_reduce, one_shot, 4) == A.one_shot  # the defaults
     assert C.choose_algorithm(P.all_reduce, one_shot, 4, {"one_shot_max_bytes": 0}) == A.ring
     with pytest.raises(ringcomm.RingcommError, match="unknown threshold 'three_shot_max_bytes'"):

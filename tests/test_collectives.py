@@ -1,4 +1,4 @@
-"""Every primitive on real processes over shared memory, against exact references.
+"""Every collective on real processes over shared memory, against exact references.
 
 One process launch per world size runs the whole sweep (dtype x op x count x in/out-of-place)
 and returns every mismatch, nccl-tests style (#wrong elements per case)."""
@@ -15,7 +15,7 @@ BIG_CASES = [(torch.float32, "sum"), (torch.float32, "avg"), (torch.bfloat16, "s
 
 
 # World size: (dtype x op cases, counts, the copies' dtypes, big cases). Every dtype x op x
-# primitive x awkward count runs at 2, 3, 4 and 5 ranks, every big case at 2 and 3. A big
+# collective x awkward count runs at 2, 3, 4 and 5 ranks, every big case at 2 and 3. A big
 # buffer costs O(world size) per rank, so larger worlds get one big case each, and 8 ranks on a
 # 2-core machine get one dtype per op (and every dtype's copies).
 PLANS = {
@@ -47,7 +47,7 @@ def sweep(rank, n, cases, counts, copy_dtypes, big):
     return checker.failures, checker.cases
 
 
-def test_the_sweep_covers_every_dtype_op_primitive_and_awkward_count():
+def test_the_sweep_covers_every_dtype_op_collective_and_awkward_count():
     dtype_ops = {case for cases, _, _, _ in PLANS.values() for case in cases}
     assert dtype_ops == set(VALID)
     copied = {dtype for _, _, dtypes, _ in PLANS.values() for dtype in dtypes}
@@ -59,7 +59,7 @@ def test_the_sweep_covers_every_dtype_op_primitive_and_awkward_count():
 
 
 @pytest.mark.parametrize("n", list(PLANS))
-def test_every_primitive_dtype_op_and_count_is_exact(n):
+def test_every_collective_dtype_op_and_count_is_exact(n):
     results = launch(n, sweep, *PLANS[n], timeout=600)
     failures = [f for rank_failures, _ in results for f in rank_failures]
     assert results[0][1] > 500

@@ -26,7 +26,7 @@ except ImportError:  # not built: every test here skips
 
 HAS_CUDA = _C is not None and hasattr(_C, "cuda_available") and _C.cuda_available()
 if _C is not None:  # raw collectives: a CollectiveRequest each, Communicator.run
-    R, P = _C.CollectiveRequest, _C.Primitive
+    R, P = _C.CollectiveRequest, _C.Collective
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not HAS_CUDA or not torch.cuda.is_available(),
                                  reason="needs a CUDA GPU and ringcomm built with CUDA")]
@@ -363,16 +363,16 @@ def _expected(op, world, n, dtype):
 
 # Up to ~64 K elements plus one ~1 M (ranks share one GPU, time-sliced); 1 M + 3 spans several
 # 1 MiB slices, and the odd counts give chunks that end off the 16-byte grid.
-PRIMITIVE_COUNTS = [0, 1, 7, 1000, 65539, (1 << 20) + 3]
+COLLECTIVE_COUNTS = [0, 1, 7, 1000, 65539, (1 << 20) + 3]
 SLICE_BYTES = 1 << 20
 PUBLISH_BYTES = 1 << 20  # publications of the one-hop algorithms (CudaRing offers none by default)
 REDUCE_CASES = [("float32", "sum"), ("bfloat16", "sum"), ("float16", "avg"), ("int32", "sum"),
                 ("int64", "max"), ("float32", "prod"), ("float64", "min"), ("int8", "avg")]
 
 
-def _all_primitives(comm, ring, rank, world, store):
+def _all_collectives(comm, ring, rank, world, store):
     stream = torch.cuda.current_stream().cuda_stream
-    for n in PRIMITIVE_COUNTS:
+    for n in COLLECTIVE_COUNTS:
         for name, op in REDUCE_CASES:
             dt, cdt, cop = DTYPES[name], getattr(_C.DataType, name), getattr(_C.RedOp, op)
             x = _values(rank, n, dt)
@@ -421,7 +421,7 @@ def _wire_all_reduce(comm, ring, rank, world, store):
     stream = torch.cuda.current_stream().cuda_stream
     for wire in WIRES:
         cwire = getattr(_C.DataType, wire)
-        for n in PRIMITIVE_COUNTS:
+        for n in COLLECTIVE_COUNTS:
             for op in ("sum", "avg", "max", "min"):
                 x = _values(rank, n, torch.float32)
                 comm.run(R(P.all_reduce, x.data_ptr(), 0, n, _C.DataType.float32,
@@ -544,9 +544,9 @@ def _timeout(comm, ring, rank, world, store):
         ring.abort("test over")
 
 
-@shares_launch(_on_ring, _all_primitives)
+@shares_launch(_on_ring, _all_collectives)
 @pytest.mark.parametrize("world", WORLDS)
-def test_every_primitive(world, on_ranks):
+def test_every_collective(world, on_ranks):
     on_ranks.values()
 
 

@@ -34,7 +34,7 @@ def _check(results):
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_every_dtype_op_and_primitive_is_exact(n):
+def test_every_dtype_op_and_collective_is_exact(n):
     """256-byte slots: a 4099-element tensor is dozens of slices per step, through 4 slots."""
     with host_nccl_backend(slice_bytes=256, slots=4):
         _check(run_ranks(n, _sweep(VALID, DTYPES)))
@@ -290,7 +290,7 @@ def test_no_publications_without_room():
 def _warm_up(core):
     """One eager collective: NCCL connects to the peers outside any capture."""
     token = torch.zeros(1)
-    core.run(_C.CollectiveRequest(_C.Primitive.all_reduce, token.data_ptr(), 0, 1,
+    core.run(_C.CollectiveRequest(_C.Collective.all_reduce, token.data_ptr(), 0, 1,
                                   _C.DataType.float32, _C.RedOp.sum))
 
 
@@ -305,7 +305,7 @@ def _replays_beside_eager(comm):
     f32, add = _C.DataType.float32, _C.RedOp.sum
     _warm_up(core)
     host_gpu.begin_capture(capture)
-    core.run(_C.CollectiveRequest(_C.Primitive.all_reduce, buf.data_ptr(), 0, count, f32, add,
+    core.run(_C.CollectiveRequest(_C.Collective.all_reduce, buf.data_ptr(), 0, count, f32, add,
                                   stream=capture))
     graph = host_gpu.end_capture(capture)
     assert graph, "the capture did not end"
@@ -314,7 +314,7 @@ def _replays_beside_eager(comm):
         buf.fill_(r + 1 + round_)
         other.fill_(2.0 * (r + 1))
         host_gpu.launch_graph(graph, replaying)
-        core.run(_C.CollectiveRequest(_C.Primitive.all_reduce, other.data_ptr(), 0, count, f32,
+        core.run(_C.CollectiveRequest(_C.Collective.all_reduce, other.data_ptr(), 0, count, f32,
                                       add, stream=eager))
         host_gpu.synchronize_stream(replaying)
         host_gpu.synchronize_stream(eager)
@@ -344,7 +344,7 @@ def _query_while_running(comm):
     seen_running, wrong = 0, 0
     for round_ in range(4):
         buf.fill_(comm.rank + 1 + round_)
-        core.run(_C.CollectiveRequest(_C.Primitive.all_reduce, buf.data_ptr(), 0, count, f32, add,
+        core.run(_C.CollectiveRequest(_C.Collective.all_reduce, buf.data_ptr(), 0, count, f32, add,
                                       stream=stream))
         seen_running += not core.ring.query()
         host_gpu.synchronize_stream(stream)
@@ -376,7 +376,7 @@ def _capture_first(comm):
     a clear error before anything is enqueued, and the communicator stays usable."""
     core, stream = _ring(comm), host_gpu.new_stream()
     buf = torch.full((100,), float(comm.rank + 1))
-    request = _C.CollectiveRequest(_C.Primitive.all_reduce, buf.data_ptr(), 0, 100,
+    request = _C.CollectiveRequest(_C.Collective.all_reduce, buf.data_ptr(), 0, 100,
                                    _C.DataType.float32, _C.RedOp.sum, stream=stream)
     host_gpu.begin_capture(stream)
     try:
@@ -385,7 +385,7 @@ def _capture_first(comm):
     except _C.RingcommError as raised:
         error = str(raised)
     host_gpu.end_capture(stream)
-    core.run(_C.CollectiveRequest(_C.Primitive.all_reduce, buf.data_ptr(), 0, 100,
+    core.run(_C.CollectiveRequest(_C.Collective.all_reduce, buf.data_ptr(), 0, 100,
                                   _C.DataType.float32, _C.RedOp.sum))
     return error, float(buf[0])
 
@@ -407,7 +407,7 @@ def _replay_after_close(comm):
     buf = torch.zeros(count)
     _warm_up(core)
     host_gpu.begin_capture(stream)
-    core.run(_C.CollectiveRequest(_C.Primitive.all_reduce, buf.data_ptr(), 0, count,
+    core.run(_C.CollectiveRequest(_C.Collective.all_reduce, buf.data_ptr(), 0, count,
                                   _C.DataType.float32, _C.RedOp.sum, stream=stream))
     graph = host_gpu.end_capture(stream)
     begun = time.monotonic()
@@ -445,10 +445,10 @@ def _repeat_on_the_same_buffers(comm):
     total, wrong = n * (n + 1) // 2, []
     for round_ in range(6):
         bucket.fill_(r + 1 + round_)
-        core.run(_C.CollectiveRequest(_C.Primitive.all_reduce, bucket.data_ptr(), 0, 3001, f32,
+        core.run(_C.CollectiveRequest(_C.Collective.all_reduce, bucket.data_ptr(), 0, 3001, f32,
                                       add, stream=main))
         fresh = torch.full((777,), float(r * round_), dtype=torch.float64)  # new buffers
-        core.run(_C.CollectiveRequest(_C.Primitive.all_reduce, fresh.data_ptr(), 0, 777, f64,
+        core.run(_C.CollectiveRequest(_C.Collective.all_reduce, fresh.data_ptr(), 0, 777, f64,
                                       top, stream=side))
         host_gpu.synchronize_stream(main)
         host_gpu.synchronize_stream(side)
@@ -473,7 +473,7 @@ def test_repeated_collectives_replay_a_recorded_graph_exactly(n):
 
 def _groups_per_repeat(comm):
     core, buf = _ring(comm), torch.ones(5000)
-    request = _C.CollectiveRequest(_C.Primitive.all_reduce, buf.data_ptr(), 0, 5000,
+    request = _C.CollectiveRequest(_C.Collective.all_reduce, buf.data_ptr(), 0, 5000,
                                    _C.DataType.float32, _C.RedOp.sum)
     for _ in range(3):
         core.run(request)
@@ -507,7 +507,7 @@ def test_ctrl_c_ends_a_wait_for_a_stalled_peer():
     timer.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            comm.run(_C.CollectiveRequest(_C.Primitive.all_reduce, buf.data_ptr(), 0, 1000,
+            comm.run(_C.CollectiveRequest(_C.Collective.all_reduce, buf.data_ptr(), 0, 1000,
                                           _C.DataType.float32, _C.RedOp.sum))
             rings[0].synchronize(TIMEOUT)
         waited = time.monotonic() - begun
@@ -515,7 +515,7 @@ def test_ctrl_c_ends_a_wait_for_a_stalled_peer():
         timer.cancel()
     assert waited < TIMEOUT / 2, f"the wait ended after {waited:.1f} s"
     with pytest.raises(_C.RingcommError, match="interrupted by a signal"):
-        comm.run(_C.CollectiveRequest(_C.Primitive.all_reduce, buf.data_ptr(), 0, 1000,
+        comm.run(_C.CollectiveRequest(_C.Collective.all_reduce, buf.data_ptr(), 0, 1000,
                                       _C.DataType.float32, _C.RedOp.sum))
     for ring in rings:
         ring.release()

@@ -9,7 +9,7 @@ from launcher import launch
 from ringcomm import _C
 from sweep import make_input, reduce_reference, wrong
 
-R, P, D, O, A = _C.CollectiveRequest, _C.Primitive, _C.DataType, _C.RedOp, _C.Algorithm
+R, P, D, O, A = _C.CollectiveRequest, _C.Collective, _C.DataType, _C.RedOp, _C.Algorithm
 
 
 def _cpu_ring(world_size):
@@ -84,7 +84,7 @@ def test_every_collective_by_request_matches_the_reference(n):
     for rank, wrongs in enumerate(results):
         assert not any(wrongs.values()), (rank, wrongs)
     # The root ran every collective the schedule plans (a new one needs its case above).
-    assert {case.split()[0] for case in results[-1]} == {p.name for p in _C.PLANNED_PRIMITIVES}
+    assert {case.split()[0] for case in results[-1]} == {p.name for p in _C.PLANNED_COLLECTIVES}
 
 
 def _alone():
@@ -140,7 +140,7 @@ def test_a_bad_field_raises_naming_it_and_leaves_the_communicator_usable():
 def test_a_request_reads_back_what_it_was_given():
     request = R(P.gather, output=0x1000, input=0x2000, count=3, dtype=D.bfloat16, root=1,
                 stream=7)
-    assert (request.primitive, request.output, request.input, request.count, request.dtype,
+    assert (request.collective, request.output, request.input, request.count, request.dtype,
             request.op, request.root, request.algorithm, request.wire_dtype, request.stream) == \
         (P.gather, 0x1000, 0x2000, 3, D.bfloat16, O.sum, 1, A.ring, None, 7)
     request.op, request.wire_dtype = O.max, D.float16

@@ -1,6 +1,6 @@
 """The ring schedule, checked as data: a symbolic run of every rank's plan, with messages as
 multisets of contributing ranks, proves each chunk is reduced by every rank exactly once and
-that every rank ends with what it should -- for every primitive, N = 1..64, awkward counts.
+that every rank ends with what it should -- for every collective, N = 1..64, awkward counts.
 What a collective should do comes from its row of the C++ table (_C.COLLECTIVES: whether it
 reduces, its root, its layout), so a new collective's plan is checked against its row."""
 from collections import Counter, deque
@@ -9,20 +9,20 @@ import pytest
 
 import ringcomm
 from ringcomm import _C
-from ringcomm.options import ALGORITHM_PRIMITIVES
+from ringcomm.options import ALGORITHM_COLLECTIVES
 
-PRIMITIVES = [kind.name for kind in _C.PLANNED_PRIMITIVES]  # point-to-point has no plan
+COLLECTIVES_PLANNED = [kind.name for kind in _C.PLANNED_COLLECTIVES]  # point-to-point has no plan
 
 
-def plans(primitive, n, count, root, dtype=None):
-    kind = _C.Primitive.__members__[primitive]
+def plans(collective, n, count, root, dtype=None):
+    kind = _C.Collective.__members__[collective]
     c_dtype = None if dtype is None else getattr(_C.DataType, dtype)
     return [_C.make_plan(kind, r, n, count, root, c_dtype) for r in range(n)]
 
 
-def initial(primitive, rank, n, root):
+def initial(collective, rank, n, root):
     """Each rank's chunks before the collective: Counter of contributions, or a tag, or None."""
-    info = _C.COLLECTIVES[primitive]
+    info = _C.COLLECTIVES[collective]
     if info["reduces"]:
         return lambda chunk: Counter({rank: 1})
     if info["layout"] == "input_block":  # its block of what everyone ends with
@@ -41,12 +41,12 @@ def keys(plan):
     return set(range(len(plan["chunks"])))
 
 
-def simulate(primitive, n, count, root=0, dtype=None):
+def simulate(collective, n, count, root=0, dtype=None):
     """Runs all plans over FIFO channels; returns each rank's final chunks (dict chunk -> value)."""
-    all_plans = plans(primitive, n, count, root, dtype)
+    all_plans = plans(collective, n, count, root, dtype)
     buffers = []
     for r, plan in enumerate(all_plans):
-        start = initial(primitive, r, n, root)
+        start = initial(collective, r, n, root)
         buffers.append({c: start(c) for c in keys(plan)})
     channels = {(r, (r + 1) % n): deque() for r in range(n)}
     cursor = [0] * n
@@ -90,9 +90,9 @@ def simulate(primitive, n, count, root=0, dtype=None):
     return buffers, all_plans
 
 
-def expected_final(primitive, rank, n, root, chunks):
+def expected_final(collective, rank, n, root, chunks):
     """What rank `rank` must hold in `chunks` afterwards, from the collective's table row."""
-    info = _C.COLLECTIVES[primitive]
+    info = _C.COLLECTIVES[collective]
     everyone = Counter(range(n))
     # Reduce and gather deliver to their root only; a reduce leaves the others' tensors alone.
     to_root = info["root"] is not None and (info["reduces"] or info["layout"] == "input_block")
@@ -110,14 +110,14 @@ def expected_final(primitive, rank, n, root, chunks):
 WORLD_SIZES = list(range(1, 17)) + [23, 31, 32, 64]
 
 
-@pytest.mark.parametrize("primitive", PRIMITIVES)
+@pytest.mark.parametrize("collective", COLLECTIVES_PLANNED)
 @pytest.mark.parametrize("n", WORLD_SIZES)
-def test_every_rank_ends_with_the_right_chunks(primitive, n):
+def test_every_rank_ends_with_the_right_chunks(collective, n):
     for root in sorted({0, n - 1, n // 2}):
-        buffers, all_plans = simulate(primitive, n, count=3 * n + 1, root=root)
+        buffers, all_plans = simulate(collective, n, count=3 * n + 1, root=root)
         for r in range(n):
-            for chunk, want in expected_final(primitive, r, n, root, keys(all_plans[r])).items():
-                assert buffers[r][chunk] == want, (primitive, n, root, r, chunk)
+            for chunk, want in expected_final(collective, r, n, root, keys(all_plans[r])).items():
+                assert buffers[r][chunk] == want, (collective, n, root, r, chunk)
 
 
 def test_the_table_describes_each_collective():
@@ -134,7 +134,7 @@ def test_the_table_describes_each_collective():
     for name, row in expected.items():
         info = _C.COLLECTIVES[name]
         assert (info["reduces"], info["root"], info["layout"], info["wire"]) == row, name
-    assert list(_C.COLLECTIVES) == PRIMITIVES
+    assert list(_C.COLLECTIVES) == COLLECTIVES_PLANNED
 
 
 @pytest.mark.parametrize("n", WORLD_SIZES)
@@ -151,7 +151,7 @@ def test_allreduce_reduces_each_chunk_once_per_rank_and_finalizes_once(n):
 @pytest.mark.parametrize("count", [0, 1, 2, 3, 7, 63, 64, 65, 1000, 1000003])
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 64])
 def test_allreduce_chunks_tile_the_buffer(n, count):
-    plan = _C.make_plan(_C.Primitive.all_reduce, 0, n, count)
+    plan = _C.make_plan(_C.Collective.all_reduce, 0, n, count)
     chunks = plan["chunks"]
     assert len(chunks) == n
     assert sum(c for _, c in chunks) == count
@@ -172,7 +172,7 @@ def test_allreduce_chunks_start_on_16_byte_boundaries(n, dtype):
     align = max(1, 16 // size)
     counts = ALIGN_COUNTS + [n - 1, n + 1, align * n - 1, align * n + 1]
     for count in counts:
-        chunks = _C.make_plan(_C.Primitive.all_reduce, 0, n, count, 0,
+        chunks = _C.make_plan(_C.Collective.all_reduce, 0, n, count, 0,
                               getattr(_C.DataType, dtype))["chunks"]
         assert len(chunks) == n
         assert chunks[0][0] == 0 and sum(c for _, c in chunks) == count
@@ -188,7 +188,7 @@ def test_allreduce_chunks_start_on_16_byte_boundaries(n, dtype):
 def test_wire_allreduce_chunks_align_on_the_narrower_type(wire):
     """float32 data on a 16-bit wire: 16 bytes of the wire type are 8 elements, which are also
     32 bytes of the data: aligned in the buffer and in the slots."""
-    chunks = _C.make_plan(_C.Primitive.all_reduce, 0, 3, 1001, 0, _C.DataType.float32,
+    chunks = _C.make_plan(_C.Collective.all_reduce, 0, 3, 1001, 0, _C.DataType.float32,
                           getattr(_C.DataType, wire))["chunks"]
     assert [o for o, _ in chunks] == [0, 336, 672] and chunks[-1][1] == 1001 - 672
 
@@ -197,7 +197,7 @@ def test_every_rank_gets_the_same_aligned_chunks():
     """The chunk table is the same on every rank (CPU and GPU communicators alike build it
     from the same request), or ranks would exchange different ranges."""
     for n, count in [(3, 1001), (8, 12345), (5, 7)]:
-        tables = {tuple(map(tuple, _C.make_plan(_C.Primitive.all_reduce, r, n, count, 0,
+        tables = {tuple(map(tuple, _C.make_plan(_C.Collective.all_reduce, r, n, count, 0,
                                                  _C.DataType.bfloat16)["chunks"]))
                   for r in range(n)}
         assert len(tables) == 1
@@ -217,27 +217,27 @@ def test_aligned_allreduce_plans_still_reduce_every_chunk_once(n, dtype):
 
 
 def test_column_count_covers_the_longest_chunk():
-    prim = _C.Primitive.all_reduce
+    prim = _C.Collective.all_reduce
     assert _C.testing.column_count(prim, 4, 0, 16) == 1  # empty collectives still exchange one message
     assert _C.testing.column_count(prim, 4, 65, 16) == 2  # chunks of 17 and 16 elements
     assert _C.testing.column_count(prim, 4, 64, 16) == 1
 
 
-@pytest.mark.parametrize("primitive", PRIMITIVES)
+@pytest.mark.parametrize("collective", COLLECTIVES_PLANNED)
 @pytest.mark.parametrize("n", [2, 3, 5, 16])
-def test_every_rank_receives_at_least_once(primitive, n):
+def test_every_rank_receives_at_least_once(collective, n):
     """So every rank checks its peer's collective header: mismatches fail everywhere, not only
     on the ranks that happen to receive."""
     for root in range(n):
-        for plan in plans(primitive, n, 5, root):
+        for plan in plans(collective, n, 5, root):
             assert any(s["recv_from"] >= 0 for s in plan["steps"])
 
 
 def test_bad_requests_raise():
     with pytest.raises(ringcomm.RingcommError, match="outside the world"):
-        _C.make_plan(_C.Primitive.all_reduce, 4, 4, 10)
+        _C.make_plan(_C.Collective.all_reduce, 4, 4, 10)
     with pytest.raises(ringcomm.RingcommError, match="root rank 5"):
-        _C.make_plan(_C.Primitive.broadcast, 0, 4, 10, 5)
+        _C.make_plan(_C.Collective.broadcast, 0, 4, 10, 5)
 
 
 def test_schedule_text_view():
@@ -255,30 +255,30 @@ def test_schedule_text_view():
 
 # -- one-hop plans (one_shot, two_shot): publications instead of ring messages -----------------
 
-ONE_HOP = [(algorithm, primitive) for algorithm, primitives in ALGORITHM_PRIMITIVES.items()
-           if algorithm not in ("ring", "auto") for primitive in primitives]
+ONE_HOP = [(algorithm, collective) for algorithm, collectives in ALGORITHM_COLLECTIVES.items()
+           if algorithm not in ("ring", "auto") for collective in collectives]
 
 
-def one_hop_plans(algorithm, primitive, n, count, dtype=None):
-    kind = _C.Primitive.__members__[primitive]
+def one_hop_plans(algorithm, collective, n, count, dtype=None):
+    kind = _C.Collective.__members__[collective]
     c_dtype = None if dtype is None else getattr(_C.DataType, dtype)
     return [_C.make_plan(kind, r, n, count, 0, c_dtype, None, _C.Algorithm.__members__[algorithm])
             for r in range(n)]
 
 
-def simulate_one_hop(algorithm, primitive, n, count, dtype=None):
+def simulate_one_hop(algorithm, collective, n, count, dtype=None):
     """Runs every rank's plan against boards of publications; a read waits until its rank has
     published that phase. Reduced values are tuples of ranks in the order they were combined;
     gathered ones ("data", owner). Returns each rank's output chunks and the plans."""
-    all_plans = one_hop_plans(algorithm, primitive, n, count, dtype)
+    all_plans = one_hop_plans(algorithm, collective, n, count, dtype)
     keys = [-1] if len(all_plans[0]["chunks"]) == 1 else list(range(n))
     inputs, outputs = [], []
     for r in range(n):
-        if primitive == "all_gather":
+        if collective == "all_gather":
             inputs.append({c: ("data", r) if c == r else None for c in keys})
         else:
             inputs.append({c: (r,) for c in keys})
-        outputs.append(inputs[r] if primitive != "reduce_scatter" else {})
+        outputs.append(inputs[r] if collective != "reduce_scatter" else {})
     boards = {}  # (rank, phase) -> (published chunk, {chunk: value})
     cursor = [0] * n
     progressed = True
@@ -315,16 +315,16 @@ def simulate_one_hop(algorithm, primitive, n, count, dtype=None):
     return outputs, all_plans
 
 
-@pytest.mark.parametrize("algorithm,primitive", ONE_HOP)
+@pytest.mark.parametrize("algorithm,collective", ONE_HOP)
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 13])
-def test_one_hop_plans_reduce_in_rank_order_and_end_right(algorithm, primitive, n):
+def test_one_hop_plans_reduce_in_rank_order_and_end_right(algorithm, collective, n):
     for count in (0, 1, n - 1, 3 * n + 1):
-        outputs, all_plans = simulate_one_hop(algorithm, primitive, n, count, "float32")
+        outputs, all_plans = simulate_one_hop(algorithm, collective, n, count, "float32")
         in_order = tuple(range(n))  # combined 0, 1, ..., N-1 on every rank: the same bits
         for r in range(n):
-            if primitive == "all_reduce":
+            if collective == "all_reduce":
                 assert all(v == in_order for v in outputs[r].values()), (r, outputs[r])
-            elif primitive == "reduce_scatter":
+            elif collective == "reduce_scatter":
                 assert outputs[r] == {r: in_order}
             else:
                 assert outputs[r] == {c: ("data", c) for c in range(n)}
@@ -335,7 +335,7 @@ def test_one_hop_plans_reduce_in_rank_order_and_end_right(algorithm, primitive, 
             assert {s["read_from"] for s in steps if s["read_phase"] == 0 and s["read_from"] >= 0} \
                 >= set(range(n)) - {r}
             finalizing = [s for s in steps if s["finalize"]]
-            assert len(finalizing) == (0 if primitive == "all_gather" else 1)
+            assert len(finalizing) == (0 if collective == "all_gather" else 1)
 
 
 @pytest.mark.parametrize("n", [2, 3, 7])
@@ -349,7 +349,7 @@ def test_one_hop_plans_have_their_shapes(n):
     with pytest.raises(ringcomm.RingcommError, match="two_shot has no plan for reduce_scatter"):
         one_hop_plans("two_shot", "reduce_scatter", n, 4)
     with pytest.raises(ringcomm.RingcommError, match="choose an algorithm"):
-        _C.make_plan(_C.Primitive.all_reduce, 0, n, 4, 0, None, None, _C.Algorithm.auto)
+        _C.make_plan(_C.Collective.all_reduce, 0, n, 4, 0, None, None, _C.Algorithm.auto)
 
 
 def test_one_hop_schedule_text_view():

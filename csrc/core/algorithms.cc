@@ -19,10 +19,10 @@ const char* algorithmName(Algorithm algorithm) {
   return row ? row->name : "unknown";
 }
 
-bool algorithmPlans(Algorithm algorithm, Primitive primitive) {
+bool algorithmPlans(Algorithm algorithm, Collective collective) {
   const AlgorithmInfo* row = rowOf(algorithm);
-  return row != nullptr && static_cast<size_t>(primitive) < std::size(kPrimitives) &&
-         (row->primitives & primitiveBit(primitive)) != 0;
+  return row != nullptr && static_cast<size_t>(collective) < std::size(kCollectives) &&
+         (row->collectives & collectiveBit(collective)) != 0;
 }
 
 bool isOneHop(Algorithm algorithm) {

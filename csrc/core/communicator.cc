@@ -1,5 +1,5 @@
 // The communicator's collectives: a request checked, its plan made, the caller's buffers mapped
-// onto the plan's logical buffer (per primitive: mapBuffers) and the plan run.
+// onto the plan's logical buffer (per collective: mapBuffers) and the plan run.
 #include "ringcomm/communicator.h"
 
 #include "ringcomm/error.h"
@@ -43,7 +43,7 @@ void Communicator::checkUsable() const {
                 failure_, "); create a new one");
 }
 
-void Communicator::prepare(Collective& c, RedOp op, DataType type, DataType wireType) {
+void Communicator::prepare(PlannedCollective& c, RedOp op, DataType type, DataType wireType) {
   std::string why;
   RC_CHECK(opSupported(op, type, &why), why);
   checkWireType(type, wireType);
@@ -75,7 +75,7 @@ void Communicator::bracket(Transport& transport, uintptr_t stream, const CallNam
   }
 }
 
-void Communicator::execute(const Collective& c) {
+void Communicator::execute(const PlannedCollective& c) {
   if (worldSize_ == 1) {
     // No step combines anything, yet logical ops still turn values into 0/1 (op(x, x) does).
     if (c.spec.op == RedOp::LAnd || c.spec.op == RedOp::LOr)
@@ -86,23 +86,23 @@ void Communicator::execute(const Collective& c) {
   Executor(*transport_, *reducer_, options_.sliceBytes).run(c);
 }
 
-Algorithm Communicator::resolveAlgorithm(Algorithm requested, Primitive primitive,
+Algorithm Communicator::resolveAlgorithm(Algorithm requested, Collective collective,
                                          size_t bytes) const {
-  RC_CHECK(algorithmPlans(requested, primitive), "algorithm ", algorithmName(requested),
-           " does not run ", primitiveName(primitive));
+  RC_CHECK(algorithmPlans(requested, collective), "algorithm ", algorithmName(requested),
+           " does not run ", collectiveName(collective));
   if (worldSize_ == 1) return Algorithm::Ring;  // nothing to exchange either way
   if (requested == Algorithm::Auto)
-    return chooseAlgorithm(primitive, bytes, worldSize_, transport_->publishBytes() > 0,
+    return chooseAlgorithm(collective, bytes, worldSize_, transport_->publishBytes() > 0,
                            options_.thresholds);
   RC_CHECK(!isOneHop(requested) || transport_->publishBytes() > 0, algorithmName(requested),
-           " ", primitiveName(primitive),
+           " ", collectiveName(collective),
            " needs a transport with publications (CPU shared memory); this device's has none: "
            "use ring or auto");
   return requested;
 }
 
 void Communicator::checkRequest(const CollectiveRequest& r) const {
-  const PrimitiveInfo& info = primitiveInfo(r.primitive);
+  const CollectiveInfo& info = collectiveInfo(r.collective);
   RC_CHECK(info.planned, info.name, " is not a collective request: it runs over peer links");
   if (info.root != nullptr) {
     RC_CHECK(r.root >= 0 && r.root < worldSize_, info.root, "=", r.root,
@@ -140,41 +140,41 @@ struct LocalCopy {
   size_t bytes = 0;
 };
 
-LocalCopy mapBuffers(const CollectiveRequest& r, int rank, int worldSize, Collective& c) {
+LocalCopy mapBuffers(const CollectiveRequest& r, int rank, int worldSize, PlannedCollective& c) {
   const size_t block = r.count, all = r.count * worldSize;
   const size_t bytes = r.count * dataTypeSize(r.type);
   const bool root = rank == r.root;
   auto own = [&](const void* base) {  // this rank's block of a whole buffer
     return static_cast<char*>(const_cast<void*>(base)) + rank * bytes;
   };
-  switch (r.primitive) {
-    case Primitive::AllReduce:
-    case Primitive::Broadcast:
-    case Primitive::Reduce:
+  switch (r.collective) {
+    case Collective::AllReduce:
+    case Collective::Broadcast:
+    case Collective::Reduce:
       c.input = c.output = view(r.output, 0, block);
       return {};
-    case Primitive::ReduceScatter:
+    case Collective::ReduceScatter:
       c.input = view(r.input, 0, all);
       c.output = view(r.output, block * rank, block);
       // One rank: no step runs, so nothing reduces the input into the output.
       return worldSize == 1 ? LocalCopy{r.output, r.input, bytes} : LocalCopy{};
-    case Primitive::AllGather:
+    case Collective::AllGather:
       c.input = c.output = view(r.output, 0, all);
       return {own(r.output), r.input, bytes};
-    case Primitive::Gather:
+    case Collective::Gather:
       if (!root) {
         c.input = view(r.input, block * rank, block);
         return {};
       }
       c.input = c.output = view(r.output, 0, all);
       return {own(r.output), r.input, bytes};
-    case Primitive::Scatter:
+    case Collective::Scatter:
       c.output = view(r.output, block * rank, block);
       if (!root) return {};
       c.input = view(r.input, 0, all);
       return {r.output, own(r.input), bytes};
     default:
-      RC_THROW(primitiveName(r.primitive), " has no buffer mapping");
+      RC_THROW(collectiveName(r.collective), " has no buffer mapping");
   }
 }
 
@@ -184,18 +184,18 @@ void Communicator::run(const CollectiveRequest& r) {
   checkUsable();
   checkRequest(r);
   const DataType wireType = r.wireType.value_or(r.type);
-  const bool inPlace = primitiveInfo(r.primitive).layout == Layout::InPlace;
+  const bool inPlace = collectiveInfo(r.collective).layout == Layout::InPlace;
   const size_t bytes = r.count * (inPlace ? 1 : worldSize_) * dataTypeSize(r.type);
-  Collective c;
-  c.plan = makePlan({r.primitive, rank_, worldSize_, r.count, r.root,
+  PlannedCollective c;
+  c.plan = makePlan({r.collective, rank_, worldSize_, r.count, r.root,
                      chunkAlignment(r.type, wireType),
-                     resolveAlgorithm(r.algorithm, r.primitive, bytes)});
+                     resolveAlgorithm(r.algorithm, r.collective, bytes)});
   const LocalCopy copy = mapBuffers(r, rank_, worldSize_, c);
   prepare(c, r.op, r.type, wireType);
-  CallName call{primitiveName(r.primitive), c.sequence, true};
+  CallName call{collectiveName(r.collective), c.sequence, true};
   // A ring plan's device work depends on the request alone: a device transport may record it
   // and replay it for the same request (the one-hop plans keep per-round host state).
-  ReplayKey key{static_cast<int>(r.primitive), static_cast<int>(r.type), static_cast<int>(r.op),
+  ReplayKey key{static_cast<int>(r.collective), static_cast<int>(r.type), static_cast<int>(r.op),
                 r.root, static_cast<int>(c.plan.request.algorithm), static_cast<int>(wireType),
                 r.output, r.input, r.count};
   if (c.plan.request.algorithm == Algorithm::Ring && worldSize_ > 1) {

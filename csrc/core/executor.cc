@@ -25,7 +25,7 @@ char* locate(const BufferView& view, const Range& range, size_t elemSize, const 
 Executor::Executor(Transport& transport, Reducer& reducer, size_t sliceBytes)
     : transport_(transport), reducer_(reducer), sliceBytes_(sliceBytes) {}
 
-void Executor::run(const Collective& c) {
+void Executor::run(const PlannedCollective& c) {
   const size_t elemSize =
       std::max(dataTypeSize(c.spec.type), dataTypeSize(c.spec.wireType));
   // One-hop plans run one publication round per column, each publication at most
@@ -44,7 +44,7 @@ void Executor::run(const Collective& c) {
            "-byte element does not fit the transport's ", oneHop ? "publications" : "messages");
   const size_t wireSize = dataTypeSize(c.spec.wireType);
 
-  Envelope envelope = collectiveHeader(c.plan.request.primitive, c.plan.request.count,
+  Envelope envelope = collectiveHeader(c.plan.request.collective, c.plan.request.count,
                                        c.spec.type, c.spec.op, c.plan.request.root,
                                        c.spec.wireType, c.plan.request.algorithm);
   envelope.sequence = c.sequence;
@@ -72,7 +72,7 @@ void Executor::run(const Collective& c) {
         runStep(c, step, slice, envelope);
     } catch (const Error& e) {
       // Name the collective and the step: the transport only knows the peer.
-      std::string where = detail::concat(primitiveName(c.plan.request.primitive), " #",
+      std::string where = detail::concat(collectiveName(c.plan.request.collective), " #",
                                          c.sequence, " (step ", i, " of ", c.plan.steps.size(),
                                          oneHop ? ", round " : ", slice ", column, " of ",
                                          columns, "): ");
@@ -94,7 +94,7 @@ void Executor::run(const Collective& c) {
   }
 }
 
-Envelope Executor::publication(const Collective& c, const Envelope& header, int chunk,
+Envelope Executor::publication(const PlannedCollective& c, const Envelope& header, int chunk,
                                size_t column, size_t sliceElems,
                                std::vector<Range>& pieces) const {
   pieces = columnPieces(c.plan, chunk, column, sliceElems);
@@ -106,7 +106,7 @@ Envelope Executor::publication(const Collective& c, const Envelope& header, int 
   return envelope;
 }
 
-void Executor::declarePublications(const Collective& c, int phase, size_t column,
+void Executor::declarePublications(const PlannedCollective& c, int phase, size_t column,
                                    size_t sliceElems, const Envelope& header) {
   std::vector<size_t> bytes(c.plan.request.worldSize, 0);
   std::vector<Range> pieces;
@@ -116,7 +116,7 @@ void Executor::declarePublications(const Collective& c, int phase, size_t column
   transport_.expectPublished(phase, bytes);
 }
 
-void Executor::runOneHopStep(const Collective& c, const Step& step, size_t column,
+void Executor::runOneHopStep(const PlannedCollective& c, const Step& step, size_t column,
                              size_t sliceElems, const Envelope& header, bool firstReadOfPhase) {
   const size_t elemSize = dataTypeSize(c.spec.type), wireSize = dataTypeSize(c.spec.wireType);
   const bool sameType = c.spec.type == c.spec.wireType;
@@ -168,7 +168,7 @@ void Executor::runOneHopStep(const Collective& c, const Step& step, size_t colum
   if (step.publishPhase >= 0) transport_.commitPublish(step.publishPhase, mine);
 }
 
-void Executor::runStep(const Collective& c, const Step& step, const Range& slice,
+void Executor::runStep(const PlannedCollective& c, const Step& step, const Range& slice,
                        const Envelope& envelope) {
   const size_t elemSize = dataTypeSize(c.spec.type);
   const bool sameType = c.spec.type == c.spec.wireType;

@@ -1,6 +1,6 @@
 // Point-to-point messages and all-to-all over the communicator's peer links. Through staging
 // links (shared memory) a message travels in slot-sized pieces, each with an envelope naming the
-// primitive, the pair's message number, the tag (in `root`), the count and the piece's offset,
+// collective, the pair's message number, the tag (in `root`), the count and the piece's offset,
 // so a receive that does not match what was sent (another tag, another count, or an
 // all-to-all against a recv) fails at once.
 // Links that move user buffers (NCCL) send each message whole, straight from and into the
@@ -29,7 +29,7 @@ struct Communicator::PairMessage {
   char* data;
   size_t count;
   DataType type;
-  Primitive primitive;
+  Collective collective;
   int tag;
   uint64_t sequence;
   size_t pieceElems;
@@ -42,7 +42,7 @@ struct Communicator::PairMessage {
   Envelope envelope(size_t piece) const {
     Envelope e;
     e.sequence = sequence;
-    e.primitive = static_cast<int32_t>(primitive);
+    e.collective = static_cast<int32_t>(collective);
     e.dataType = e.wireType = static_cast<int32_t>(type);
     e.root = tag;
     e.count = count;
@@ -123,7 +123,7 @@ void Communicator::send(const void* data, size_t count, DataType type, int peer,
            " is not another rank of this ", worldSize_, "-rank communicator");
   Transport& links = peerLinks();
   PairMessage out{peer, static_cast<char*>(const_cast<void*>(data)), count, type,
-                  Primitive::SendRecv, tag, sent_[peer]++, pieceElems(links, count, type)};
+                  Collective::SendRecv, tag, sent_[peer]++, pieceElems(links, count, type)};
   overLinks(stream, CallName{"send"}, [&] { exchange(&out, nullptr); });
 }
 
@@ -132,7 +132,7 @@ void Communicator::recv(void* data, size_t count, DataType type, int peer, int t
   RC_CHECK(peer >= 0 && peer < worldSize_ && peer != rank_, "recv: src=", peer,
            " is not another rank of this ", worldSize_, "-rank communicator");
   Transport& links = peerLinks();
-  PairMessage in{peer, static_cast<char*>(data), count, type, Primitive::SendRecv, tag,
+  PairMessage in{peer, static_cast<char*>(data), count, type, Collective::SendRecv, tag,
                  received_[peer]++, pieceElems(links, count, type)};
   overLinks(stream, CallName{"recv"}, [&] { exchange(nullptr, &in); });
 }
@@ -192,7 +192,7 @@ void Communicator::sendRecvBatch(const std::vector<PointToPointOp>& ops, uintptr
   for (const PointToPointOp& op : ops) {
     uint64_t& sequence = op.send ? sent_[op.peer] : received_[op.peer];
     messages.push_back(PairMessage{op.peer, static_cast<char*>(op.data), op.count, op.type,
-                                   Primitive::SendRecv, op.tag, sequence++,
+                                   Collective::SendRecv, op.tag, sequence++,
                                    pieceElems(links, op.count, op.type)});
   }
   overLinks(stream, CallName{"batch_isend_irecv"}, [&] {
@@ -289,10 +289,10 @@ void Communicator::allToAll(void* output, const void* input, const std::vector<s
     // sender and one receiver at a time.
     for (size_t k = 1; k < n; ++k) {
       const int to = static_cast<int>((rank_ + k) % n), from = static_cast<int>((rank_ + n - k) % n);
-      PairMessage sending{to, in + sendAt[to] * elem, sendCounts[to], type, Primitive::AllToAll, 0,
+      PairMessage sending{to, in + sendAt[to] * elem, sendCounts[to], type, Collective::AllToAll, 0,
                           sent_[to]++, pieceElems(links, sendCounts[to], type)};
       PairMessage receiving{from, out + recvAt[from] * elem, recvCounts[from], type,
-                            Primitive::AllToAll, 0, received_[from]++,
+                            Collective::AllToAll, 0, received_[from]++,
                             pieceElems(links, recvCounts[from], type)};
       exchange(&sending, &receiving);
     }

@@ -1,4 +1,4 @@
-// Ring plans for every primitive. Index arithmetic follows one rule per family:
+// Ring plans for every collective. Index arithmetic follows one rule per family:
 //   reduce-scatter / scatter: at ring step s rank r sends chunk r-1-s and receives chunk r-2-s,
 //   all-gather / gather:      at ring step s rank r sends chunk r-s   and receives chunk r-1-s,
 // so that rank r ends owning chunk r. A chunk received at ring step s is the one sent at step
@@ -17,7 +17,7 @@ namespace {
 
 int wrap(int value, int n) { return ((value % n) + n) % n; }
 
-// Stands for "the whole buffer" where a step index would name a chunk (chain primitives).
+// Stands for "the whole buffer" where a step index would name a chunk (chain collectives).
 constexpr int kWhole = std::numeric_limits<int>::min();
 
 class PlanBuilder {
@@ -303,20 +303,20 @@ Plan buildPlan(const PlanRequest& request) {
            " is outside the world of ", n, " ranks");
   const Algorithm algorithm = request.algorithm;
   RC_CHECK(algorithm != Algorithm::Auto, "choose an algorithm before planning");
-  RC_CHECK(algorithmPlans(algorithm, request.primitive), algorithmName(algorithm),
-           " has no plan for ", primitiveName(request.primitive));
+  RC_CHECK(algorithmPlans(algorithm, request.collective), algorithmName(algorithm),
+           " has no plan for ", collectiveName(request.collective));
 
   Plan plan;
   plan.request = request;
-  const Primitive primitive = request.primitive;
+  const Collective collective = request.collective;
   // One range over the whole buffer (chains, and one_shot all_reduce, which reads everything
   // whole), balanced chunks of one tensor (all_reduce), or one block per rank.
-  const bool whole = primitive == Primitive::Broadcast || primitive == Primitive::Reduce ||
-                     (primitive == Primitive::AllReduce && algorithm == Algorithm::OneShot);
+  const bool whole = collective == Collective::Broadcast || collective == Collective::Reduce ||
+                     (collective == Collective::AllReduce && algorithm == Algorithm::OneShot);
   if (whole) {
     plan.bufferCount = request.count;
     plan.chunks.push_back(Range{0, request.count});
-  } else if (primitive == Primitive::AllReduce) {
+  } else if (collective == Collective::AllReduce) {
     plan.bufferCount = request.count;
     for (int i = 0; i < n; ++i)
       plan.chunks.push_back(balancedChunk(request.count, n, i, request.alignElems));
@@ -330,40 +330,40 @@ Plan buildPlan(const PlanRequest& request) {
   if (algorithm == Algorithm::OneShot || algorithm == Algorithm::TwoShot) {
     if (algorithm == Algorithm::TwoShot)
       builder.twoShotAllReduce();  // kAlgorithms: two_shot plans all_reduce only
-    else if (primitive == Primitive::AllReduce)
+    else if (collective == Collective::AllReduce)
       builder.oneShotAllReduce();
-    else if (primitive == Primitive::ReduceScatter)
+    else if (collective == Collective::ReduceScatter)
       builder.oneShotReduceScatter();
     else
       builder.oneShotAllGather();
     return plan;
   }
-  switch (primitive) {
-    case Primitive::AllReduce:
+  switch (collective) {
+    case Collective::AllReduce:
       builder.reduceScatter(/*forwardLast=*/true);
       builder.allGather(/*sendOwn=*/false);
       break;
-    case Primitive::ReduceScatter:
+    case Collective::ReduceScatter:
       builder.reduceScatter(/*forwardLast=*/false);
       break;
-    case Primitive::AllGather:
+    case Collective::AllGather:
       builder.allGather(/*sendOwn=*/true);
       break;
-    case Primitive::Broadcast:
+    case Collective::Broadcast:
       builder.broadcast();
       break;
-    case Primitive::Reduce:
+    case Collective::Reduce:
       builder.reduce();
       break;
-    case Primitive::Gather:
+    case Collective::Gather:
       builder.gather();
       break;
-    case Primitive::Scatter:
+    case Collective::Scatter:
       builder.scatter();
       break;
-    case Primitive::AllToAll:
-    case Primitive::SendRecv:
-      RC_THROW(primitiveName(request.primitive), " runs over peer links, not a ring schedule");
+    case Collective::AllToAll:
+    case Collective::SendRecv:
+      RC_THROW(collectiveName(request.collective), " runs over peer links, not a ring schedule");
   }
   return plan;
 }

@@ -1,4 +1,4 @@
-// The tables of data types, ops and primitives, and what is derived from them.
+// The tables of data types, ops and collectives, and what is derived from them.
 #include "ringcomm/types.h"
 
 #include "ringcomm/algorithms.h"
@@ -35,14 +35,14 @@ const char* redOpName(RedOp op) {
   return row ? row->name : "unknown";
 }
 
-const char* primitiveName(Primitive primitive) {
-  const PrimitiveInfo* row = rowOf(kPrimitives, primitive);
+const char* collectiveName(Collective collective) {
+  const CollectiveInfo* row = rowOf(kCollectives, collective);
   return row ? row->name : "unknown";
 }
 
-const PrimitiveInfo& primitiveInfo(Primitive primitive) {
-  const PrimitiveInfo* row = rowOf(kPrimitives, primitive);
-  RC_CHECK(row != nullptr, "unknown collective ", static_cast<int>(primitive));
+const CollectiveInfo& collectiveInfo(Collective collective) {
+  const CollectiveInfo* row = rowOf(kCollectives, collective);
+  RC_CHECK(row != nullptr, "unknown collective ", static_cast<int>(collective));
   return *row;
 }
 
@@ -69,11 +69,11 @@ bool opSupported(RedOp op, DataType type, std::string* why) {
   return reason.empty();
 }
 
-Envelope collectiveHeader(Primitive primitive, uint64_t count, DataType type, RedOp op, int root,
+Envelope collectiveHeader(Collective collective, uint64_t count, DataType type, RedOp op, int root,
                           DataType wireType, Algorithm algorithm) {
   Envelope e;
   e.algorithm = static_cast<int32_t>(algorithm);
-  e.primitive = static_cast<int32_t>(primitive);
+  e.collective = static_cast<int32_t>(collective);
   e.dataType = static_cast<int32_t>(type);
   e.op = static_cast<int32_t>(op);
   e.root = root;
@@ -90,8 +90,8 @@ std::string headerFields(const Envelope& e) {
   if (e.wireType != e.dataType)
     wire = detail::concat(" on a ", dataTypeName(static_cast<DataType>(e.wireType)), " wire");
   const char* type = dataTypeName(static_cast<DataType>(e.dataType));
-  const auto primitive = static_cast<Primitive>(e.primitive);
-  if (primitive == Primitive::SendRecv || primitive == Primitive::AllToAll)  // no op; root: tag
+  const auto collective = static_cast<Collective>(e.collective);
+  if (collective == Collective::SendRecv || collective == Collective::AllToAll)  // no op; root: tag
     return detail::concat("count ", e.count, ", ", type, ", tag ", e.root);
   std::string algorithm;
   if (e.algorithm != static_cast<int32_t>(Algorithm::Ring))
@@ -103,12 +103,12 @@ std::string headerFields(const Envelope& e) {
 }  // namespace
 
 std::string describeCollective(const Envelope& e) {
-  return detail::concat(primitiveName(static_cast<Primitive>(e.primitive)), " (",
+  return detail::concat(collectiveName(static_cast<Collective>(e.collective)), " (",
                         headerFields(e), ")");
 }
 
 std::string describeEnvelope(const Envelope& e) {
-  return detail::concat(primitiveName(static_cast<Primitive>(e.primitive)), " #", e.sequence,
+  return detail::concat(collectiveName(static_cast<Collective>(e.collective)), " #", e.sequence,
                         " (", headerFields(e), ", ", e.bytes, "-byte message at element ",
                         e.offset, ")");
 }

@@ -58,7 +58,7 @@ bool ShmPeerLinks::hasIncoming(int peer) const {
 std::optional<int> ShmPeerLinks::arrivedTag(int peer) const {
   if (!hasIncoming(peer)) return std::nullopt;
   const Message* next = incoming_[peer].peek();
-  if (next == nullptr || next->envelope.primitive != static_cast<int32_t>(Primitive::SendRecv))
+  if (next == nullptr || next->envelope.collective != static_cast<int32_t>(Collective::SendRecv))
     return std::nullopt;
   return next->envelope.root;  // point-to-point envelopes carry the tag as their root
 }

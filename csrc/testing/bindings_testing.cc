@@ -29,10 +29,10 @@ void bindTesting(py::module_& m) {
   py::module_ testing = m.def_submodule("testing", "entry points for tests only");
   testing.def(
       "column_count",
-      [](Primitive primitive, int worldSize, size_t count, size_t sliceElems) {
-        return columnCount(makePlan({primitive, 0, worldSize, count, 0}), sliceElems);
+      [](Collective collective, int worldSize, size_t count, size_t sliceElems) {
+        return columnCount(makePlan({collective, 0, worldSize, count, 0}), sliceElems);
       },
-      py::arg("primitive"), py::arg("world_size"), py::arg("count"), py::arg("slice_elems"));
+      py::arg("collective"), py::arg("world_size"), py::arg("count"), py::arg("slice_elems"));
   testing.def(
       "cpu_reduce",
       [](uintptr_t out0, uintptr_t out1, uintptr_t a, uintptr_t b, size_t n, DataType type,

@@ -24,7 +24,7 @@ enum class Algorithm : int32_t {
 struct AlgorithmInfo {
   Algorithm algorithm;
   const char* name;     // as in CommOptions.algorithm and the per-call algorithm=
-  uint32_t primitives;  // primitiveBit()s of the collectives it plans (Auto: accepts)
+  uint32_t collectives;  // collectiveBit()s of the collectives it plans (Auto: accepts)
   bool oneHop;          // reads every rank's publications (Transport::publishBytes) instead of
                         // passing ring messages
   // Auto runs it for collectives up to this many bytes (chooseAlgorithm's `bytes`; 0: never);
@@ -43,22 +43,22 @@ struct AlgorithmInfo {
 // docs/benchmarks.md): one_shot all_reduce beat the ring at small sizes; two_shot and the one-hop
 // halves never beat it beyond the noise there, so auto leaves them off (0). A host with a core
 // per rank sets its own from bench/tune.py (RINGCOMM_<NAME>_MAX_BYTES).
-inline constexpr uint32_t kOneHopPrimitives = primitiveBit(Primitive::AllReduce) |
-                                              primitiveBit(Primitive::ReduceScatter) |
-                                              primitiveBit(Primitive::AllGather);
+inline constexpr uint32_t kOneHopCollectives = collectiveBit(Collective::AllReduce) |
+                                              collectiveBit(Collective::ReduceScatter) |
+                                              collectiveBit(Collective::AllGather);
 inline constexpr AlgorithmInfo kAlgorithms[] = {
-    {Algorithm::Ring, "ring", plannedPrimitives(), false, std::nullopt, nullptr},
-    {Algorithm::OneShot, "one_shot", kOneHopPrimitives, true, 8 * 1024, "all_reduce"},
-    {Algorithm::TwoShot, "two_shot", primitiveBit(Primitive::AllReduce), true, 0,
+    {Algorithm::Ring, "ring", plannedCollectives(), false, std::nullopt, nullptr},
+    {Algorithm::OneShot, "one_shot", kOneHopCollectives, true, 8 * 1024, "all_reduce"},
+    {Algorithm::TwoShot, "two_shot", collectiveBit(Collective::AllReduce), true, 0,
      "all_reduce on 3 ranks or more; reduce_scatter and all_gather run one_shot, two_shot's "
      "halves, up to it"},
-    {Algorithm::Auto, "auto", plannedPrimitives(), false, std::nullopt, nullptr},
+    {Algorithm::Auto, "auto", plannedCollectives(), false, std::nullopt, nullptr},
 };
 static_assert(inEnumOrder(kAlgorithms, [](const AlgorithmInfo& r) { return r.algorithm; }));
 
 const char* algorithmName(Algorithm algorithm);
-// Whether `algorithm` plans (Auto: accepts) `primitive` (kAlgorithms).
-bool algorithmPlans(Algorithm algorithm, Primitive primitive);
+// Whether `algorithm` plans (Auto: accepts) `collective` (kAlgorithms).
+bool algorithmPlans(Algorithm algorithm, Collective collective);
 // Whether it runs on publications (kAlgorithms' oneHop).
 bool isOneHop(Algorithm algorithm);
 
@@ -81,21 +81,21 @@ class AlgorithmThresholds {
 // reduce_scatter, the output of an all_gather. The ring for everything else, for one rank, and
 // on transports without publications (`publications`: Transport::publishBytes() > 0).
 // bench/tune.py asks this same function.
-inline Algorithm chooseAlgorithm(Primitive primitive, size_t bytes, int worldSize,
+inline Algorithm chooseAlgorithm(Collective collective, size_t bytes, int worldSize,
                                  bool publications, const AlgorithmThresholds& thresholds) {
   if (worldSize == 1 || !publications) return Algorithm::Ring;
   // At 2 ranks the ring already takes two_shot's two hops (one for reduce_scatter and
   // all_gather) and copies less: only one_shot all_reduce saves a hop there.
   const bool saves = worldSize > 2;
-  switch (primitive) {
-    case Primitive::AllReduce:
+  switch (collective) {
+    case Collective::AllReduce:
       // one_shot: one hop, but every rank reads N inputs; two_shot: two hops, each rank reads
       // about twice the tensor; the ring: 2(N-1) hops, bandwidth-optimal.
       if (bytes <= thresholds[Algorithm::OneShot]) return Algorithm::OneShot;
       return saves && bytes <= thresholds[Algorithm::TwoShot] ? Algorithm::TwoShot
                                                               : Algorithm::Ring;
-    case Primitive::ReduceScatter:
-    case Primitive::AllGather:
+    case Collective::ReduceScatter:
+    case Collective::AllGather:
       // Their one_shot is two_shot's halves (it reads what the ring moves, in one hop): it
       // runs up to two_shot's threshold.
       return saves && bytes <= thresholds[Algorithm::TwoShot] ? Algorithm::OneShot

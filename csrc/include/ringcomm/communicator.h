@@ -27,11 +27,11 @@ struct CommunicatorOptions {
 };
 
 // One collective call, as NCCL's ncclInfo: what Communicator::run takes for every collective
-// (kPrimitives' planned rows). Addresses are raw device or host addresses; `count` counts
-// elements of `type` in the buffer kPrimitives' layout names: the tensor an in-place collective
+// (kCollectives' planned rows). Addresses are raw device or host addresses; `count` counts
+// elements of `type` in the buffer kCollectives' layout names: the tensor an in-place collective
 // works on, else this rank's block. Fields a collective does not use keep their defaults.
 struct CollectiveRequest {
-  Primitive primitive = Primitive::AllReduce;
+  Collective collective = Collective::AllReduce;
   // In place (all_reduce, broadcast, reduce): the tensor is `output`, `input` null or the same.
   // Rooted gather and scatter use their whole-buffer side on the root only.
   void* output = nullptr;
@@ -43,7 +43,7 @@ struct CollectiveRequest {
   // Ring, OneShot, TwoShot (kAlgorithms says which collectives each plans) or Auto
   // (chooseAlgorithm with the options' thresholds). Every rank must pass the same.
   Algorithm algorithm = Algorithm::Ring;
-  // What travels between ranks, where kPrimitives allows a wire (all_reduce): float16 or
+  // What travels between ranks, where kCollectives allows a wire (all_reduce): float16 or
   // bfloat16 under float32 data halves the bytes while every hop still adds in float32.
   std::optional<DataType> wireType;
   // On a device transport the caller's cudaStream_t as an integer: the collective is ordered on
@@ -84,7 +84,7 @@ class Communicator {
   // The algorithm a collective of `bytes` (see chooseAlgorithm) runs with when `requested`:
   // depends only on what every rank shares, so all ranks agree. Raises (before anything is
   // sent) for an algorithm that does not plan the collective or cannot run on the transport.
-  Algorithm resolveAlgorithm(Algorithm requested, Primitive primitive, size_t bytes) const;
+  Algorithm resolveAlgorithm(Algorithm requested, Collective collective, size_t bytes) const;
 
   // Point-to-point and all-to-all (csrc/core/point_to_point.cc) run over `links`, a transport
   // that reaches every rank (the ring's reaches only its neighbours). Messages of one pair of
@@ -123,7 +123,7 @@ class Communicator {
   // Raises, naming the field, for a request no rank of this communicator can run.
   void checkRequest(const CollectiveRequest& request) const;
   // Checks op and types, and fills the collective's spec and sequence number.
-  void prepare(Collective& collective, RedOp op, DataType type, DataType wireType);
+  void prepare(PlannedCollective& collective, RedOp op, DataType type, DataType wireType);
   // begin(stream, call), body, end(); on failure records it and aborts the transport.
   void collective(uintptr_t stream, const CallName& call, const std::function<void()>& body);
   // begin(stream, call), body, end() on `transport`; on failure records it and aborts every
@@ -131,7 +131,7 @@ class Communicator {
   void bracket(Transport& transport, uintptr_t stream, const CallName& call,
                const std::function<void()>& body);
   // Runs the plan (inside collective()).
-  void execute(const Collective& collective);
+  void execute(const PlannedCollective& collective);
   Transport& peerLinks();
   // begin(stream, call), body, end() on the peer links; on failure aborts every transport.
   void overLinks(uintptr_t stream, const CallName& call, const std::function<void()>& body);

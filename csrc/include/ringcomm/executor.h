@@ -20,7 +20,7 @@ struct BufferView {
   size_t count = 0;
 };
 
-struct Collective {
+struct PlannedCollective {
   Plan plan;
   ReduceSpec spec;
   uint64_t sequence = 0;
@@ -31,22 +31,22 @@ struct Collective {
 class Executor {
  public:
   Executor(Transport& transport, Reducer& reducer, size_t sliceBytes);
-  void run(const Collective& collective);
+  void run(const PlannedCollective& collective);
 
  private:
-  void runStep(const Collective& c, const Step& step, const Range& slice,
+  void runStep(const PlannedCollective& c, const Step& step, const Range& slice,
                const Envelope& envelope);
   // A step of a one-hop plan in publication round `column` (schedule.h); `firstReadOfPhase`:
   // no earlier step of the plan reads the phase this one reads.
-  void runOneHopStep(const Collective& c, const Step& step, size_t column, size_t sliceElems,
+  void runOneHopStep(const PlannedCollective& c, const Step& step, size_t column, size_t sliceElems,
                      const Envelope& header, bool firstReadOfPhase);
   // At the first read of `phase` in a round: every rank's publication size of that phase, for
   // the transport (Transport::expectPublished).
-  void declarePublications(const Collective& c, int phase, size_t column, size_t sliceElems,
+  void declarePublications(const PlannedCollective& c, int phase, size_t column, size_t sliceElems,
                            const Envelope& header);
   // The envelope of a publication of `chunk` (-1: every chunk) in round `column`, as its writer
   // and every reader compute it; `pieces` receives its packed layout.
-  Envelope publication(const Collective& c, const Envelope& header, int chunk, size_t column,
+  Envelope publication(const PlannedCollective& c, const Envelope& header, int chunk, size_t column,
                        size_t sliceElems, std::vector<Range>& pieces) const;
 
   Transport& transport_;

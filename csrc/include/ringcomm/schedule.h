@@ -2,7 +2,7 @@
 //
 // A plan works on a logical buffer of `chunkCount * worldSize`-ish elements cut into worldSize
 // chunks (or, for broadcast and reduce, one range: the whole buffer). Every step is one of NCCL's
-// ring step kinds (send, recv, recvReduceSend, ...; a Primitive is a collective), described by
+// ring step kinds (send, recv, recvReduceSend, ...), described by
 // flags:
 //   value = recvFrom >= 0 ? (reduce ? op(buf[range], received) : received) : buf[range]
 //   if finalize: value = postOp(value)        (AVG's division, applied once per element)
@@ -74,7 +74,7 @@ struct Step {
 };
 
 struct PlanRequest {
-  Primitive primitive = Primitive::AllReduce;
+  Collective collective = Collective::AllReduce;
   int rank = 0;
   int worldSize = 1;
   // Elements per rank's contribution: the whole tensor for all_reduce, broadcast and reduce;

@@ -16,7 +16,7 @@ namespace ringcomm {
 // hanging or corrupting data.
 struct Envelope {
   uint64_t sequence = 0;  // collectives run so far on this communicator
-  int32_t primitive = 0;
+  int32_t collective = 0;
   int32_t dataType = 0;
   int32_t op = 0;
   int32_t root = 0;
@@ -27,7 +27,7 @@ struct Envelope {
   uint64_t offset = 0;  // first element it carries, in the plan's logical buffer
 
   bool operator==(const Envelope& other) const {
-    return sequence == other.sequence && primitive == other.primitive &&
+    return sequence == other.sequence && collective == other.collective &&
            dataType == other.dataType && op == other.op && root == other.root &&
            wireType == other.wireType && algorithm == other.algorithm && count == other.count && bytes == other.bytes &&
            offset == other.offset;
@@ -62,14 +62,14 @@ struct TrafficStats {
 // A collective a device transport may record once and replay (every field of its request but
 // the stream): the same key means the same device work on the same buffers.
 struct ReplayKey {
-  int primitive = 0, type = 0, op = 0, root = 0, algorithm = 0, wireType = -1;
+  int collective = 0, type = 0, op = 0, root = 0, algorithm = 0, wireType = -1;
   const void* output = nullptr;
   const void* input = nullptr;
   size_t count = 0;
 
   bool operator<(const ReplayKey& o) const {
-    return std::tie(primitive, type, op, root, algorithm, wireType, output, input, count) <
-           std::tie(o.primitive, o.type, o.op, o.root, o.algorithm, o.wireType, o.output,
+    return std::tie(collective, type, op, root, algorithm, wireType, output, input, count) <
+           std::tie(o.collective, o.type, o.op, o.root, o.algorithm, o.wireType, o.output,
                     o.input, o.count);
   }
 };

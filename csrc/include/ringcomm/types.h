@@ -33,8 +33,8 @@ enum class RedOp : int32_t {
   LOr,
 };
 
-// A collective (the schedule's steps are not called primitives: see schedule.h).
-enum class Primitive : int32_t {
+// A collective (its plan's steps are StepKinds: see schedule.h).
+enum class Collective : int32_t {
   AllReduce = 0,
   ReduceScatter,
   AllGather,
@@ -71,8 +71,8 @@ struct RedOpInfo {
 // (all_gather, gather). Point-to-point calls count what goes to each peer.
 enum class Layout { InPlace, OutputBlock, InputBlock, PerPeer };
 
-struct PrimitiveInfo {
-  Primitive primitive;
+struct CollectiveInfo {
+  Collective collective;
   const char* name;  // as in torch.distributed
   bool planned;      // makePlan has a schedule for it (the rest are point-to-point)
   bool reduces;      // takes an op
@@ -81,9 +81,9 @@ struct PrimitiveInfo {
   bool wire;         // float32 data may travel on a 16-bit wire
 };
 
-// A set of primitives, as bits.
-constexpr uint32_t primitiveBit(Primitive primitive) {
-  return uint32_t{1} << static_cast<int>(primitive);
+// A set of collectives, as bits.
+constexpr uint32_t collectiveBit(Collective collective) {
+  return uint32_t{1} << static_cast<int>(collective);
 }
 
 // Every value of each enum, in enum order (checked below).
@@ -114,24 +114,24 @@ inline constexpr RedOpInfo kRedOps[] = {
     {RedOp::LOr, "lor", false, true, true},
 };
 
-inline constexpr PrimitiveInfo kPrimitives[] = {
-    // primitive, name, planned, reduces, root, layout, wire
-    {Primitive::AllReduce, "all_reduce", true, true, nullptr, Layout::InPlace, true},
-    {Primitive::ReduceScatter, "reduce_scatter", true, true, nullptr, Layout::OutputBlock, false},
-    {Primitive::AllGather, "all_gather", true, false, nullptr, Layout::InputBlock, false},
-    {Primitive::Broadcast, "broadcast", true, false, "src", Layout::InPlace, false},
-    {Primitive::Reduce, "reduce", true, true, "dst", Layout::InPlace, false},
-    {Primitive::Gather, "gather", true, false, "dst", Layout::InputBlock, false},
-    {Primitive::Scatter, "scatter", true, false, "src", Layout::OutputBlock, false},
-    {Primitive::AllToAll, "all_to_all", false, false, nullptr, Layout::PerPeer, false},
-    {Primitive::SendRecv, "send_recv", false, false, nullptr, Layout::PerPeer, false},
+inline constexpr CollectiveInfo kCollectives[] = {
+    // collective, name, planned, reduces, root, layout, wire
+    {Collective::AllReduce, "all_reduce", true, true, nullptr, Layout::InPlace, true},
+    {Collective::ReduceScatter, "reduce_scatter", true, true, nullptr, Layout::OutputBlock, false},
+    {Collective::AllGather, "all_gather", true, false, nullptr, Layout::InputBlock, false},
+    {Collective::Broadcast, "broadcast", true, false, "src", Layout::InPlace, false},
+    {Collective::Reduce, "reduce", true, true, "dst", Layout::InPlace, false},
+    {Collective::Gather, "gather", true, false, "dst", Layout::InputBlock, false},
+    {Collective::Scatter, "scatter", true, false, "src", Layout::OutputBlock, false},
+    {Collective::AllToAll, "all_to_all", false, false, nullptr, Layout::PerPeer, false},
+    {Collective::SendRecv, "send_recv", false, false, nullptr, Layout::PerPeer, false},
 };
 
-// The collectives every ring plans (kPrimitives' planned rows).
-constexpr uint32_t plannedPrimitives() {
+// The collectives every ring plans (kCollectives' planned rows).
+constexpr uint32_t plannedCollectives() {
   uint32_t bits = 0;
-  for (const PrimitiveInfo& row : kPrimitives)
-    if (row.planned) bits |= primitiveBit(row.primitive);
+  for (const CollectiveInfo& row : kCollectives)
+    if (row.planned) bits |= collectiveBit(row.collective);
   return bits;
 }
 
@@ -143,21 +143,21 @@ constexpr bool inEnumOrder(const Row (&table)[N], Key key) {
 }
 static_assert(inEnumOrder(kDataTypes, [](const DataTypeInfo& r) { return r.type; }));
 static_assert(inEnumOrder(kRedOps, [](const RedOpInfo& r) { return r.op; }));
-static_assert(inEnumOrder(kPrimitives, [](const PrimitiveInfo& r) { return r.primitive; }));
+static_assert(inEnumOrder(kCollectives, [](const CollectiveInfo& r) { return r.collective; }));
 
 size_t dataTypeSize(DataType type);
 const char* dataTypeName(DataType type);
 const char* redOpName(RedOp op);
-const char* primitiveName(Primitive primitive);
-// The primitive's row; raises for a value outside the enum.
-const PrimitiveInfo& primitiveInfo(Primitive primitive);
+const char* collectiveName(Collective collective);
+// The collective's row; raises for a value outside the enum.
+const CollectiveInfo& collectiveInfo(Collective collective);
 
 bool isFloatingPoint(DataType type);
 
 struct Envelope;  // transport.h
 // The header every message of one collective carries (sequence, bytes and offset left 0): the
 // executor's and the debug-mode descriptor's single source.
-Envelope collectiveHeader(Primitive primitive, uint64_t count, DataType type, RedOp op, int root,
+Envelope collectiveHeader(Collective collective, uint64_t count, DataType type, RedOp op, int root,
                           DataType wireType, Algorithm algorithm);
 // "all_reduce (count 1000, float32, sum, root 0)": the collective an envelope belongs to.
 std::string describeCollective(const Envelope& envelope);
