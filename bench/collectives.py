@@ -22,10 +22,16 @@ def _exact_limit(dtype):
     return torch.iinfo(dtype).max
 
 
-# Every dtype ringcomm has but bool (values of 1..k are not bools), with its largest exact
-# integer: that bounds the values so a reduction over n ranks is exact.
-EXACT_LIMIT = {getattr(torch, name): _exact_limit(getattr(torch, name))
-               for name in _C.DataType.__members__ if name != "bool"}
+# Every dtype ringcomm has but bool (values of 1..k are not bools).
+_DTYPE_NAMES = [name for name in _C.DataType.__members__ if name != "bool"]
+# Each with its largest exact integer: that bounds the values so a reduction over n ranks is exact.
+EXACT_LIMIT = {getattr(torch, name): _exact_limit(getattr(torch, name)) for name in _DTYPE_NAMES}
+
+# The -d names: nccl-tests' type names (half, float and double where torch says float16, float32
+# and float64); torch's names and a few short ones are accepted as aliases.
+_NCCL_TEST_NAMES = {"float16": "half", "float32": "float", "float64": "double"}
+DTYPES = {_NCCL_TEST_NAMES.get(name, name): getattr(torch, name) for name in _DTYPE_NAMES}
+DTYPE_ALIASES = {**_NCCL_TEST_NAMES, "bf16": "bfloat16", "int": "int32", "char": "int8"}
 
 # torch 2.13 renamed the tensor forms (the old names warn); torch >= 2.4 has only the old ones.
 all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -114,6 +120,18 @@ class Collective:
         bufs.recv.zero_()
         length = bufs.send.numel()
         bufs.send.copy_(pattern.values(bufs.rank, 0, length))
+
+    def wrong(self, bufs, pattern, n, p, root, op):
+        """#wrong elements of this rank's output (nccl-tests' check): exact, but for avg on
+        floats, which rounds once and may be 2 ulp off."""
+        expected = self.expected(pattern, bufs.rank, n, p, root)
+        if expected is None:  # output unspecified on this rank (reduce/gather off the root)
+            return 0
+        out = bufs.recv
+        if op == "avg" and out.is_floating_point():
+            tol = 2 * torch.finfo(out.dtype).eps * expected.abs()
+            return int(((out.double() - expected).abs() > tol).sum())
+        return int((out != expected.to(out.dtype)).sum())
 
 
 def _reduced(pat, rank, n, p, root):

@@ -31,7 +31,8 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cost_model  # noqa: E402
-import harness  # noqa: E402
+from plots import save_figure  # noqa: E402
+from sizes import parse_size  # noqa: E402
 import run  # noqa: E402,F401  puts a source checkout's ringcomm on the path when not installed
 
 import ringcomm  # noqa: E402
@@ -214,7 +215,7 @@ def plot(path, rows, model, size):
               title="time: measured, and the alpha-beta model to 4096 ranks")
     left.legend(fontsize=8)
     right.legend(fontsize=7)
-    harness.save_figure(fig, path, f"all_reduce of {_size(size)}: "
+    save_figure(fig, path, f"all_reduce of {_size(size)}: "
                                    "ring against master/worker and everyone-to-everyone")
 
 
@@ -224,7 +225,7 @@ def parse_args(argv=None):
     parser.add_argument("--ranks", default="2,3,4,5,6,7,8",
                         type=lambda s: [int(x) for x in s.split(",")],
                         help="world sizes, comma-separated (default 2..8)")
-    parser.add_argument("--size", default="4M", type=harness.parse_size,
+    parser.add_argument("--size", default="4M", type=parse_size,
                         help="bytes per rank, float32 (default 4M)")
     parser.add_argument("--iters", type=int, default=5, help="timed calls per method")
     parser.add_argument("--warmup", type=int, default=1)

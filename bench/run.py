@@ -1,7 +1,7 @@
 """ringcomm against the collectives users run today (gloo on CPU, NCCL on GPU), in nccl-tests'
 terms.
 
-    python bench/run.py                                  # quick all_reduce sweep on this machine
+    python bench/run.py                                  # quick all_reduce sweep, local ranks
     python bench/run.py --nproc 4 -b 8 -e 64M -f 2 --collective all --json r.json --plot r.png
     torchrun --nproc-per-node 8 bench/run.py --device cuda --baseline nccl-ring
     python bench/run.py -b 8 -e 1M --baseline ringcomm-pg  # Communicator vs dist.* on "ringcomm"
@@ -27,8 +27,14 @@ except ImportError:  # run from a source checkout: the package sits next to benc
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import ringcomm
 
-import harness
-from collectives import COLLECTIVES, TORCH_OPS
+from collectives import COLLECTIVES, DTYPE_ALIASES, DTYPES, TORCH_OPS
+from harness import Bench, Impl, Settings
+from machine_load import busy_load, cpu_times
+from nccl_table import table_header, table_row
+from plots import write_plot
+from records import write_json
+from sizes import parse_size, sweep
+from timers import memcpy_bandwidth
 from ringcomm.options import ALGORITHMS, check_algorithm
 
 BASELINES = ("auto", "gloo", "nccl", "nccl-ring", "ringcomm-pg", "none")
@@ -37,8 +43,8 @@ BASELINES = ("auto", "gloo", "nccl", "nccl-ring", "ringcomm-pg", "none")
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("-b", "--minbytes", type=harness.parse_size, default="8", help="smallest size")
-    p.add_argument("-e", "--maxbytes", type=harness.parse_size, default="64M",
+    p.add_argument("-b", "--minbytes", type=parse_size, default="8", help="smallest size")
+    p.add_argument("-e", "--maxbytes", type=parse_size, default="64M",
                    help="largest size (always measured)")
     p.add_argument("-f", "--stepfactor", type=int, default=8, help="size multiplier per step")
     p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per size")
@@ -50,7 +56,7 @@ def parse_args(argv=None):
                    help="N busy-looping processes during the run: what a busy machine does")
     p.add_argument("-c", "--check", type=int, choices=(0, 1), default=1, help="validate results")
     p.add_argument("-d", "--datatype", default="float",
-                   choices=sorted(harness.DTYPES) + sorted(harness.DTYPE_ALIASES))
+                   choices=sorted(DTYPES) + sorted(DTYPE_ALIASES))
     p.add_argument("-o", "--op", default="sum", choices=sorted(TORCH_OPS))
     p.add_argument("-r", "--root", type=int, default=0, help="root of broadcast/reduce/gather/scatter")
     p.add_argument("--collective", default="all_reduce", type=_collectives,
@@ -73,7 +79,7 @@ def parse_args(argv=None):
                         "column); default: the communicator's (RINGCOMM_ALGORITHM, else ring)")
     args = p.parse_args(argv)
 
-    args.datatype = harness.DTYPE_ALIASES.get(args.datatype, args.datatype)
+    args.datatype = DTYPE_ALIASES.get(args.datatype, args.datatype)
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -133,8 +139,8 @@ def _ringcomm_impls(comm, coll, args, device):
     column."""
     run = coll.ringcomm
     if args.algorithm is None or not takes_algorithm(coll):
-        return [harness.Impl("ringcomm", lambda c, b: run(comm, b, args.op, args.root))]
-    return [harness.Impl(f"ringcomm-{name}",
+        return [Impl("ringcomm", lambda c, b: run(comm, b, args.op, args.root))]
+    return [Impl(f"ringcomm-{name}",
                          lambda c, b, name=name: run(comm, b, args.op, args.root, algorithm=name))
             for name in args.algorithm if _runs(comm, coll, name, args, device)]
 
@@ -143,7 +149,7 @@ def _runs(comm, coll, name, args, device):
     """Whether `comm` runs `coll` with algorithm `name`, tried on a tiny buffer: a refusal (an
     algorithm not planned for this collective) is an argument check, the same on every rank, and
     leaves the communicator usable. Said once; the sweep goes on without it."""
-    bufs = coll.allocate(1, comm.world_size, comm.rank, harness.DTYPES[args.datatype], device,
+    bufs = coll.allocate(1, comm.world_size, comm.rank, DTYPES[args.datatype], device,
                          inplace=False)
     bufs.send.zero_()
     try:
@@ -191,12 +197,12 @@ def worker(rank, world, args, init_method):
         op = TORCH_OPS[args.op]
         # The backend path: the same torch.distributed calls, on a process group run by ringcomm.
         group = dist.new_group(backend="ringcomm") if args.baseline == "ringcomm-pg" else None
-        baseline.append(harness.Impl(args.baseline, lambda c, b: c.torch(b, op, args.root, group)))
+        baseline.append(Impl(args.baseline, lambda c, b: c.torch(b, op, args.root, group)))
     if comm is None and not baseline:
         raise SystemExit("nothing to measure: ringcomm cannot run here and --baseline is none")
 
     if rank == 0:  # alone on the machine while the others wait, so the figure is clean
-        ceiling = harness.memcpy_bandwidth(device)
+        ceiling = memcpy_bandwidth(device)
         threads = f", {torch.get_num_threads()} threads" if device.type == "cpu" else ""
         print(f"# memcpy ceiling (torch copy_ of 64 MiB on {device.type}{threads}): "
               f"{ceiling:.2f} GB/s\n#", flush=True)
@@ -207,20 +213,20 @@ def worker(rank, world, args, init_method):
         # implementations need (a 16 MiB all_reduce at 4 ranks measured up to 2.7x slower).
         torch.set_num_threads(1)
 
-    settings = harness.Settings(args.iters, args.warmup_iters, bool(args.check), args.op,
+    settings = Settings(args.iters, args.warmup_iters, bool(args.check), args.op,
                                 args.root, args.datatype, args.rounds)
-    bench = harness.Bench(rank, world, device, ctl, settings)
-    sizes = harness.sweep(args.minbytes, args.maxbytes, args.stepfactor)
+    bench = Bench(rank, world, device, ctl, settings)
+    sizes = sweep(args.minbytes, args.maxbytes, args.stepfactor)
     records = []
     for name in args.collective:
         coll = COLLECTIVES[name]
         impls = (_ringcomm_impls(comm, coll, args, device) if comm else []) + baseline
         names = [i.name for i in impls]
         if rank == 0:
-            print(harness.table_header(names, _title(coll, args, world, device)),
+            print(table_header(names, _title(coll, args, world, device)),
                   flush=True)
         rows = bench.run(coll, impls, sizes, on_row=lambda row: print(
-            harness.table_row(row, names), flush=True))
+            table_row(row, names), flush=True))
         records += rows
         if rank == 0:
             print(_summary(rows, names) + "\n", flush=True)
@@ -229,9 +235,9 @@ def worker(rank, world, args, init_method):
         args.report(records, world, args)
     elif rank == 0:
         if args.json:
-            harness.write_json(args.json, records)
+            write_json(args.json, records)
         if args.plot:
-            harness.write_plot(args.plot, records, f"{world} ranks, {device.type}, "
+            write_plot(args.plot, records, f"{world} ranks, {device.type}, "
                                                    f"{args.datatype}")
     if comm:
         comm.close()
@@ -277,14 +283,14 @@ def main(argv=None, report=None):
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun started us
         if args.load:
             raise SystemExit("run.py: error: --load needs run.py to start the ranks itself")
-        args.cpu_before = harness.cpu_times()
+        args.cpu_before = cpu_times()
         worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args, "env://")
         return
     world = args.nproc or (torch.cuda.device_count() if args.device == "cuda" else 2)
     if not 0 <= args.root < world:
         raise SystemExit(f"run.py: error: --root {args.root} is not a rank of {world}")
-    with tempfile.TemporaryDirectory(prefix="ringcomm-bench-") as tmp, harness.busy_load(args.load):
-        args.cpu_before = harness.cpu_times()
+    with tempfile.TemporaryDirectory(prefix="ringcomm-bench-") as tmp, busy_load(args.load):
+        args.cpu_before = cpu_times()
         # fork starts in a fraction of a second; CUDA cannot survive a fork, so spawn there.
         torch.multiprocessing.start_processes(
             _spawned, args=(world, args, f"file://{tmp}/store"), nprocs=world, join=True,

@@ -12,6 +12,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 import harness  # noqa: E402
+import records  # noqa: E402
+import sizes  # noqa: E402
 from ringcomm import _C  # noqa: E402
 
 KEYS = {"collective", "impl", "size", "count", "type", "redop", "inplace", "time_us", "algbw",
@@ -20,18 +22,18 @@ COLLECTIVES = list(_C.COLLECTIVES)  # every collective the C++ table has is benc
 
 
 def test_percentiles_interpolate_between_ranks():
-    assert harness.percentile([3.0, 1.0, 2.0], 50) == 2.0
-    assert harness.percentile([1.0, 2.0], 50) == 1.5
-    assert harness.percentile(list(map(float, range(101))), 99) == 99.0
+    assert records.percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert records.percentile([1.0, 2.0], 50) == 1.5
+    assert records.percentile(list(map(float, range(101))), 99) == 99.0
 
 
 def test_sizes_parse_like_nccl_tests():
-    assert [harness.parse_size(s) for s in ("8", "1K", "64M", "1G", "2kb")] == \
+    assert [sizes.parse_size(s) for s in ("8", "1K", "64M", "1G", "2kb")] == \
         [8, 1024, 64 << 20, 1 << 30, 2048]
     with pytest.raises(ValueError):
-        harness.parse_size("lots")
-    assert harness.sweep(8, 64 << 20, 8)[-2:] == [16 << 20, 64 << 20]  # -e is always measured
-    assert harness.sweep(8, 64, 2) == [8, 16, 32, 64]
+        sizes.parse_size("lots")
+    assert sizes.sweep(8, 64 << 20, 8)[-2:] == [16 << 20, 64 << 20]  # -e is always measured
+    assert sizes.sweep(8, 64, 2) == [8, 16, 32, 64]
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 6])
@@ -80,6 +82,7 @@ def test_run_writes_checked_records(tmp_path):
 # -- bench/tune.py: every algorithm, thresholds, targets ----------------------------------------
 
 import tune  # noqa: E402
+import tune_analysis  # noqa: E402
 from ringcomm.options import ALGORITHMS  # noqa: E402
 
 
@@ -113,7 +116,7 @@ def test_tune_times_every_algorithm_and_writes_the_analysis(tmp_path):
         assert r["size"] in (8, 512)
     result = data["analysis"]["all_reduce"]
     assert [row["size"] for row in result["rows"]] == [8, 512]
-    assert set(result["thresholds"]) == set(tune.one_hop(ALGORITHMS))
+    assert set(result["thresholds"]) == set(tune_analysis.one_hop(ALGORITHMS))
     assert set(result["rows"][0]["vs_ring"]) == set(ALGORITHMS) | {"gloo"}
     assert result["rows"][0]["fastest"] in set(ALGORITHMS) - {"auto"} | {"gloo"}
     assert isinstance(result["selector_violations"], list)
@@ -122,7 +125,7 @@ def test_tune_times_every_algorithm_and_writes_the_analysis(tmp_path):
     assert result["targets"]["large"] is None  # 64 MiB not measured here
     env = data["environment"]
     assert env["busy_processes"] == 1 and env["nranks"] == 2 and env["rounds"] == 2
-    for name in tune.one_hop(ALGORITHMS):
+    for name in tune_analysis.one_hop(ALGORITHMS):
         assert f"RINGCOMM_{name.upper()}_MAX_BYTES=" in proc.stdout
     assert "target, 8 B all_reduce, 2 ranks" in proc.stdout and "selector check" in proc.stdout
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -183,53 +186,55 @@ SIZES = [8 << (2 * i) for i in range(8)]  # 8 B .. 128 KiB, x4
 def test_threshold_is_the_last_size_a_one_hop_algorithm_wins():
     times = _times(ring=[10, 10, 10, 12, 20, 50, 150, 500],
                    one_shot=[4, 4, 5, 7, 15, 60, 300, 2000])
-    assert tune.suggest_thresholds(times, ["one_shot"]) == {"one_shot": 2048}
+    assert tune_analysis.suggest_thresholds(times, ["one_shot"]) == {"one_shot": 2048}
 
 
 def test_thresholds_for_two_algorithms_in_their_order():
     times = _times(ring=[10, 10, 10, 12, 20, 50, 150, 500],
                    one_shot=[4, 4, 5, 8, 30, 90, 300, 2000],
                    two_shot=[6, 6, 6, 9, 16, 40, 140, 520])
-    assert tune.suggest_thresholds(times, ["one_shot", "two_shot"]) == \
+    assert tune_analysis.suggest_thresholds(times, ["one_shot", "two_shot"]) == \
         {"one_shot": 512, "two_shot": 32768}
     thresholds = {"one_shot": 512, "two_shot": 32768}
-    assert [tune.select(s, thresholds) for s in (8, 512, 2048, 32768, 131072)] == \
+    assert [tune_analysis.select(s, thresholds) for s in (8, 512, 2048, 32768, 131072)] == \
         ["one_shot", "one_shot", "two_shot", "two_shot", "ring"]
 
 
 def test_select_is_the_communicators_own_rule():
-    """tune.select asks _C.choose_algorithm: at 2 ranks two_shot saves no hop over the ring and
-    is never chosen; reduce_scatter runs one_shot up to the two_shot threshold."""
+    """tune_analysis.select asks _C.choose_algorithm: at 2 ranks two_shot saves no hop over the
+    ring and is never chosen; reduce_scatter runs one_shot up to the two_shot threshold."""
     thresholds = {"one_shot": 512, "two_shot": 32768}
-    assert tune.select(2048, thresholds, world=4) == "two_shot"
-    assert tune.select(2048, thresholds, world=2) == "ring"
-    assert tune.select(512, thresholds, world=2) == "one_shot"
-    assert tune.select(2048, {"one_shot": 4096}, collective="reduce_scatter", world=4) == "one_shot"
-    assert tune.select(2048, {"one_shot": 4096}, collective="reduce_scatter", world=2) == "ring"
+    assert tune_analysis.select(2048, thresholds, world=4) == "two_shot"
+    assert tune_analysis.select(2048, thresholds, world=2) == "ring"
+    assert tune_analysis.select(512, thresholds, world=2) == "one_shot"
+    assert tune_analysis.select(2048, {"one_shot": 4096}, collective="reduce_scatter",
+                                world=4) == "one_shot"
+    assert tune_analysis.select(2048, {"one_shot": 4096}, collective="reduce_scatter",
+                                world=2) == "ring"
 
 
 def test_thresholds_never_and_always_and_ties():
     ring = [10] * 8
-    assert tune.suggest_thresholds(_times(ring=ring, one_shot=[11] * 8), ["one_shot"]) == \
+    assert tune_analysis.suggest_thresholds(_times(ring=ring, one_shot=[11] * 8), ["one_shot"]) == \
         {"one_shot": 0}
-    assert tune.suggest_thresholds(_times(ring=ring, one_shot=[9] * 8), ["one_shot"]) == \
+    assert tune_analysis.suggest_thresholds(_times(ring=ring, one_shot=[9] * 8), ["one_shot"]) == \
         {"one_shot": SIZES[-1]}
     # Equal times: the ring keeps the size (the default stays unless measured better).
-    assert tune.suggest_thresholds(_times(ring=ring, one_shot=ring), ["one_shot"]) == \
+    assert tune_analysis.suggest_thresholds(_times(ring=ring, one_shot=ring), ["one_shot"]) == \
         {"one_shot": 0}
     # An algorithm never picked inside its threshold range reads 0, not a meaningless size.
     times = _times(ring=ring, one_shot=[5] * 8, two_shot=[6] * 8)
-    assert tune.suggest_thresholds(times, ["one_shot", "two_shot"]) == \
+    assert tune_analysis.suggest_thresholds(times, ["one_shot", "two_shot"]) == \
         {"one_shot": SIZES[-1], "two_shot": 0}
     # Algorithms not measured are left out; nothing measured at all gives no threshold.
-    assert tune.suggest_thresholds(_times(ring=ring), ["one_shot", "two_shot"]) == {}
+    assert tune_analysis.suggest_thresholds(_times(ring=ring), ["one_shot", "two_shot"]) == {}
 
 
 def test_thresholds_weigh_a_noisy_loss_against_a_larger_gain():
     # one_shot loses 10 % at 512 B (noise) but wins 2x at 2 KiB: it should keep 2 KiB.
     times = _times(ring=[10, 10, 10, 10, 20, 50, 150, 500],
                    one_shot=[5, 5, 5, 11, 10, 100, 300, 1000])
-    assert tune.suggest_thresholds(times, ["one_shot"]) == {"one_shot": 2048}
+    assert tune_analysis.suggest_thresholds(times, ["one_shot"]) == {"one_shot": 2048}
 
 
 def test_merge_pools_the_rounds_of_every_launch():
@@ -252,7 +257,7 @@ def test_selector_check_counts_only_losses_beyond_the_noise():
     rows = [_row(8, {"ring": 10.0, "auto": 10.5}, {"ring": 1.0, "auto": 0.2}),   # within noise
             _row(64, {"ring": 10.0, "auto": 13.0}, {"ring": 1.0, "auto": 2.0}),  # 3 > 2: slower
             _row(512, {"ring": 10.0, "auto": 4.0})]                            # faster
-    bad = tune.selector_violations(rows)
+    bad = tune_analysis.selector_violations(rows)
     assert [v["size"] for v in bad] == [64]
     assert bad[0]["noise_us"] == 2.0 and bad[0]["ratio"] == pytest.approx(1.3)
 
@@ -260,12 +265,12 @@ def test_selector_check_counts_only_losses_beyond_the_noise():
 def test_targets_judge_time_ratio_and_busbw():
     rows = [_row(8, {"ring": 12.0, "one_shot": 4.0, "auto": 5.0, "gloo": 1000.0}),
             _row(64 << 20, {"ring": 20e3, "one_shot": 50e3, "auto": 21e3, "gloo": 62e3})]
-    t = tune.targets(rows, 2)
+    t = tune_analysis.targets(rows, 2)
     assert t["small"]["best"] == "one_shot" and t["small"]["best_met"]  # 4 us, 0.004x
     assert t["small"]["selector_us"] == 5.0 and t["small"]["selector_met"]
     assert t["large"]["best"] == "ring" and t["large"]["best_met"]  # 3.1x gloo's busbw
     assert not t["large"]["selector_met"]  # 62/21 = 2.95x
-    t4 = tune.targets([_row(8, {"ring": 30.0, "auto": 25.0, "gloo": 1500.0})], 4)
+    t4 = tune_analysis.targets([_row(8, {"ring": 30.0, "auto": 25.0, "gloo": 1500.0})], 4)
     assert not t4["small"]["best_met"] and t4["large"] is None
 
 
@@ -277,7 +282,7 @@ def test_analysis_of_records_picks_the_fastest_and_ratios():
                rec("ringcomm-auto", 8, 4), rec("gloo", 8, 1000),
                rec("ringcomm-ring", 1 << 20, 100), rec("ringcomm-one_shot", 1 << 20, 300),
                rec("ringcomm-auto", 1 << 20, 300), rec("gloo", 1 << 20, 2000)]
-    result = tune.analyse(records, 2)["all_reduce"]
+    result = tune_analysis.analyse(records, 2)["all_reduce"]
     assert [row["fastest"] for row in result["rows"]] == ["one_shot", "ring"]  # auto aside
     assert result["rows"][0]["vs_ring"]["one_shot"] == 0.5
     assert result["rows"][1]["vs_gloo"]["ring"] == 0.05
