@@ -18,6 +18,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import gpu_check  # noqa: E402
 import gpu_check_fit  # noqa: E402
 import gpu_check_plan  # noqa: E402
+import gpu_check_report  # noqa: E402
 import pytest  # noqa: E402
 from gpu_check_plan import LAUNCH_S, PYTEST_S, REPORT_S, TESTS, Stage  # noqa: E402
 
@@ -31,7 +32,7 @@ def test_dry_run_through_the_script_bounds_the_output(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     files = sorted(p.name for p in out.rglob("*"))
-    assert files == sorted(gpu_check.OUTPUT_FILES) and len(files) <= 8
+    assert files == sorted(gpu_check_report.OUTPUT_FILES) and len(files) <= 8
     summary = json.loads((out / "summary.json").read_text())
     assert summary["dry_run"] and summary["finished"]
     names = [s["name"] for s in summary["stages"]]
@@ -186,7 +187,7 @@ def test_junit_cut_short_and_an_exit_code_no_test_saw(tmp_path):
                    'reached"/></testcase>'
                    '<testcase classname="c" name="x"><skipped message="no GPU"/></testcase>'
                    '</testsuite></testsuites>')
-    counts = gpu_check.junit_counts(xml)
+    counts = gpu_check_report.junit_counts(xml)
     assert counts["cut_short"] == ["c::b"]
     assert gpu_check_plan.stage_counts({"rc": 0}, counts) == {
         "ran": 1, "passed": 1, "failed": 0, "skipped": 2, "cut_short": 1}
@@ -315,11 +316,11 @@ def test_mps_that_cannot_serve_is_stopped_and_left_out(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     check = gpu_check.Check(tmp_path / "out", sys.executable, dry=False)
     env = {"PATH": os.environ["PATH"]}
-    state = check.start_mps(env)
+    state = check.mps.start(env)
     assert state.startswith("started but unusable"), state
     assert "CUDA_MPS_PIPE_DIRECTORY" not in env and "CUDA_MPS_LOG_DIRECTORY" not in env
     assert "quit" in calls.read_text(), "the daemon was told to quit"
-    check.stop_mps()  # already stopped: nothing more is sent
+    check.mps.stop()  # already stopped: nothing more is sent
     assert calls.read_text().count("quit") == 1
 
 
@@ -337,7 +338,7 @@ def test_carried_build_packages_are_on_the_stages_path(tmp_path, monkeypatch):
 
 def test_bundle_stays_under_the_lease_file_limit(tmp_path, monkeypatch):
     """Huge NCCL logs: the bundle keeps their heads, cut shorter until it fits."""
-    monkeypatch.setattr(gpu_check, "MAX_BUNDLE_BYTES", 256 << 10)
+    monkeypatch.setattr(gpu_check_report, "MAX_BUNDLE_BYTES", 256 << 10)
     check = gpu_check.Check(tmp_path / "out", sys.executable, dry=True)
     for k in range(4):  # incompressible: gzip cannot save the bundle
         (check.work / f"nccl.{k}.log").write_bytes(os.urandom(1 << 20))
