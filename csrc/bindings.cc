@@ -62,7 +62,6 @@ py::dict planToDict(const Plan& plan) {
   return result;
 }
 
-// CommOptions' resolved values, every one given (ringcomm/options.py holds the defaults).
 ShmOptions shmOptions(size_t slotBytes, uint32_t slotCount, double timeout, int spinMicros,
                       int yieldMicros, size_t publishBytes) {
   ShmOptions options;
@@ -304,7 +303,7 @@ PYBIND11_MODULE(_C, m) {
                        double timeout, int spinMicros, int yieldMicros) {
              return std::make_shared<ShmPeerLinks>(
                  rank, worldSize,
-                 shmOptions(slotBytes, slotCount, timeout, spinMicros, yieldMicros, 0));  // no board
+                 shmOptions(slotBytes, slotCount, timeout, spinMicros, yieldMicros, 0));  // no boards
            }),
            py::arg("rank"), py::arg("world_size"), py::arg("slot_bytes"), py::arg("slot_count"),
            py::arg("timeout"), py::arg("spin_us"), py::arg("yield_us"))

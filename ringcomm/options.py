@@ -68,34 +68,36 @@ def _unless(*off):
     return lambda text: text.strip().lower() not in off
 
 
-def _bytes(text):
-    return int(text) or None  # 0: the default
+def _size(text):
+    return int(text) or None  # a size or count; 0: the default
 
 
 KiB, MiB = 1 << 10, 1 << 20
 
 OPTIONS = (
     Option("timeout", None, None, None,
-           "``torch.distributed.default_pg_timeout``: seconds (or a datetime.timedelta) any wait "
-           "may take"),
+           "seconds (or a datetime.timedelta) any wait may take; default: "
+           "``torch.distributed.default_pg_timeout`` (the torch backend: its group's)"),
     Option("algorithm", "RINGCOMM_ALGORITHM", str.lower, "auto",
-           "picks by size (the thresholds below); or any other name in ALGORITHMS (``ring``, "
-           "``one_shot``, ...); per call: ``algorithm=`` on all_reduce, reduce_scatter, "
+           "``auto`` picks by size (the thresholds below); or any other name in ALGORITHMS "
+           "(``ring``, ``one_shot``, ...); per call: ``algorithm=`` on all_reduce, reduce_scatter, "
            "all_gather; a collective the algorithm does not plan runs the ring"),
-    Option("publish_bytes", "RINGCOMM_SHM_PUBLISH_BYTES", _bytes, 256 * KiB,
+    Option("publish_bytes", "RINGCOMM_SHM_PUBLISH_BYTES", _size, 256 * KiB,
            "CPU: one publication per rank and round of the one-hop algorithms"),
     Option("slice_bytes", None, None, None,
-           "the CPU transport's slot size, ``cuda_slice_bytes`` on CUDA: pipelining granularity"),
-    Option("cuda_slice_bytes", "RINGCOMM_CUDA_SLICE_BYTES", _bytes, 4 * MiB,
+           "pipelining granularity; default: ``slot_bytes`` on CPU, ``cuda_slice_bytes`` on CUDA"),
+    Option("cuda_slice_bytes", "RINGCOMM_CUDA_SLICE_BYTES", _size, 4 * MiB,
            "CUDA: the slice, which is also the size of one NCCL staging slot"),
-    Option("slot_bytes", "RINGCOMM_SHM_SLOT_BYTES", _bytes, 64 * KiB,
-           "CPU: bytes of one shared-memory slot (the largest message); cores: the host's",
+    Option("slot_bytes", "RINGCOMM_SHM_SLOT_BYTES", _size, 64 * KiB,
+           "CPU: bytes of one shared-memory slot (the largest message); cores: the host's "
+           "(every rank picks the same)",
            crowded=32 * KiB),
-    Option("slot_count", "RINGCOMM_SHM_SLOTS", _bytes, 16,
-           "CPU: slots per ring link; cores: the host's", crowded=8),
+    Option("slot_count", "RINGCOMM_SHM_SLOTS", _size, 16,
+           "CPU: slots per ring link; cores: the host's (every rank picks the same)",
+           crowded=8),
     Option("spin_us", "RINGCOMM_SPIN_US", int, 50,
            "CPU: microseconds a waiting rank polls before it yields; cores: this process's "
-           "affinity", crowded=0),
+           "(its affinity)", crowded=0),
     Option("yield_us", "RINGCOMM_YIELD_US", int, 2000,
            "CPU: microseconds of yielding next, then a waiter sleeps on a futex (no yields for "
            "1 s after 4 of 16 lost the core for > 500 us: a busy machine)"),
@@ -112,7 +114,7 @@ OPTIONS = (
     Option("cuda_graphs", "RINGCOMM_CUDA_GRAPHS", _unless("0", "false", "off"), True,
            "CUDA: a ring collective repeated on the same buffers (DDP's buckets) is recorded "
            "as a CUDA graph at its second call and replayed by later ones; 0 turns it off"),
-    Option("cuda_slot_count", "RINGCOMM_CUDA_SLOTS", _bytes, 8,
+    Option("cuda_slot_count", "RINGCOMM_CUDA_SLOTS", _size, 8,
            "CUDA: NCCL staging slots per direction; half of them are slices in flight"),
     # auto's thresholds: their defaults are the algorithm table's (THRESHOLDS), one per
     # algorithm auto picks by size, so a new algorithm's threshold needs no edit here.
@@ -187,7 +189,7 @@ def _shown(option, value):
         return "on" if value else "off"
     if isinstance(value, str):
         return f'``"{value}"``'
-    if option.name.endswith("_bytes") and value:
+    if option.name.endswith("_size") and value:
         for unit, size in (("MiB", MiB), ("KiB", KiB)):
             if value % size == 0:
                 return f"{value // size} {unit}"
@@ -196,14 +198,13 @@ def _shown(option, value):
 
 
 def table():
-    """The options as a markdown table: field, environment variable, default and what it does."""
-    rows = ["| field | environment | default |", "|---|---|---|"]
+    """The options as a markdown table: field, environment variable, default, what it does."""
+    rows = ["| field | environment | default | what it does |", "|---|---|---|---|"]
     for option in OPTIONS:
-        default = "" if option.default is None else _shown(option, option.default)
+        default = "-" if option.default is None else _shown(option, option.default)
         if option.crowded is not None:
-            default += f", {_shown(option, option.crowded)} when ranks outnumber the cores"
-        rows.append(f"| {option.name} | {option.environment or '-'} | "
-                    f"{default + ': ' if default else ''}{option.doc} |")
+            default += f" ({_shown(option, option.crowded)} when ranks outnumber the cores)"
+        rows.append(f"| {option.name} | {option.environment or '-'} | {default} | {option.doc} |")
     return "\n".join(rows) + "\n"
 
 

@@ -48,7 +48,7 @@ def test_the_options_table_names_every_field_and_variable():
     rows = {}
     for line in ringcomm.options.__doc__.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if line.startswith("| ") and len(cells) == 3:
+        if line.startswith("| ") and len(cells) == 4:
             rows[cells[0]] = cells[1]
     fields = [f.name for f in dataclasses.fields(ringcomm.CommOptions)]
     assert sorted(set(rows) - {"field"}) == sorted(fields)

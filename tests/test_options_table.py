@@ -110,12 +110,15 @@ def test_every_option_has_a_variable_but_the_per_call_ones():
 def test_help_lists_every_row():
     text = pydoc.plain(pydoc.render_doc(ringcomm.options))
     for option in OPTIONS:
-        row = re.search(rf"^\s*\| {option.name} \| {option.environment or '-'} \| (.*) \|$",
-                        text, re.M)
+        row = re.search(rf"^\s*\| {option.name} \| {option.environment or '-'} \| (.*) \| "
+                        rf"(.*) \|$", text, re.M)
         assert row, option.name
-        assert option.doc in row.group(1)
+        default, doc = row.groups()
+        assert doc == option.doc
         if option.default is not None:
-            assert row.group(1).startswith(ringcomm.options._shown(option, option.default))
+            assert default.startswith(ringcomm.options._shown(option, option.default))
+        if option.crowded is not None:
+            assert ringcomm.options._shown(option, option.crowded) in default
 
 
 def test_no_cxx_default_of_an_option():

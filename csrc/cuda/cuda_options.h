@@ -16,7 +16,7 @@ struct CudaTransportOptions {
   int device = 0;
   std::string uniqueId;     // ncclUniqueId's 128 bytes, shared by rank 0
   size_t slotBytes = 0;     // the largest staged message: the slice (cuda_slice_bytes)
-  int slots = 0;            // staging slots per direction, slots/2 columns per wave (cuda_slot_count)
+  int slots = 0;            // staging slots per direction (cuda_slot_count); slots/2 per wave
   // Largest publication of the one-hop algorithms per rank and phase (0: none, they are not
   // offered); costs (2 x worldSize + 2) x publishBytes of device memory, allocated once.
   size_t publishBytes = 0;
