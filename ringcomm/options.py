@@ -189,7 +189,7 @@ def _shown(option, value):
         return "on" if value else "off"
     if isinstance(value, str):
         return f'``"{value}"``'
-    if option.name.endswith("_size") and value:
+    if option.name.endswith("_bytes") and value:
         for unit, size in (("MiB", MiB), ("KiB", KiB)):
             if value % size == 0:
                 return f"{value // size} {unit}"

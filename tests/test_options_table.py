@@ -119,6 +119,8 @@ def test_help_lists_every_row():
             assert default.startswith(ringcomm.options._shown(option, option.default))
         if option.crowded is not None:
             assert ringcomm.options._shown(option, option.crowded) in default
+        if option.name.endswith("_bytes") and option.default and option.default % 1024 == 0:
+            assert re.match(r"\d+ [KM]iB", default), (option.name, default)  # sizes in units
 
 
 def test_no_cxx_default_of_an_option():
