@@ -69,7 +69,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--world", type=int, nargs="+", default=[2, 8])
     parser.add_argument("--mib", type=int, nargs="+", default=[1, 16, 256])
-    parser.add_argument("--slice-mib", type=int, default=4, help="cuda_slice_bytes in MiB")
+    parser.add_argument("--slice-mib", type=int, default=DEFAULTS["cuda_slice_bytes"] >> 20,
+                        help="cuda_slice_bytes in MiB")
     parser.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
                         help="every call eager (the cuda_graphs option off)")
     args = parser.parse_args()

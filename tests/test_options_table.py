@@ -179,6 +179,9 @@ def test_no_default_restated_in_readme_or_docs():
                     if pattern:
                         found += [f"{path.name}: {m.group(0)!r}"
                                   for m in re.finditer(pattern, text)]
+            if isinstance(option.default, bool):  # "`debug` (off by default)"
+                found += [f"{path.name}: {m.group(0)!r}" for m in re.finditer(
+                    rf"`{option.name}`[^.;\n`]{{0,20}}\b(?:on|off) by default", text)]
         found += [f"{path.name}: {m.group(0)!r}" for m in re.finditer(
             r"\b(?:the default(?: is|,)?|defaults to) \d+ ?(?:[KMG]iB|B|us|ms)\b", text)]
     assert not found, "\n".join(found)
