@@ -69,7 +69,7 @@ def _unless(*off):
 
 
 def _size(text):
-    return int(text) or None  # a size or count; 0: the default
+    return int(text) or None  # a size or count: 0, given or in the environment, is the default
 
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -158,13 +158,14 @@ class _Options:
             text = os.environ.get(option.environment) if option.environment else None
             if value is None and text:
                 value = option.parse(text)
-            if value is None:
+            if value is None or (value == 0 and option.parse is _size):  # a size of 0 too
                 value = option.default
                 if option.crowded is not None and crowded.get(option.name, host_crowded):
                     value = option.crowded
             values[option.name] = value
         check_algorithm(values["algorithm"])
-        values["debug"], values["check_finite"] = bool(values["debug"]), bool(values["check_finite"])
+        for flag in ("debug", "check_finite"):
+            values[flag] = bool(values[flag])
         values["timeout"] = timeout_seconds(self.timeout)
         return dataclasses.replace(self, **values)
 

@@ -68,6 +68,9 @@ def test_the_resolved_defaults_are_the_table(monkeypatch):
     for option in OPTIONS:
         if option.default is not None:
             assert getattr(resolved, option.name) == option.default, option.name
+    zero = CommOptions(timeout=7, publish_bytes=0, slot_count=0).resolved(world_size=1)
+    assert zero.publish_bytes == DEFAULTS["publish_bytes"]  # a size of 0 is the default
+    assert zero.slot_count == DEFAULTS["slot_count"]
     crowded = CommOptions(timeout=7).resolved(world_size=(os.cpu_count() or 1) + 1)
     for option in OPTIONS:
         if option.crowded is not None:
