@@ -27,7 +27,7 @@ struct CudaTransportOptions {
   bool recordGraphs = false;
   std::string library;        // NCCL's library, as the nccl_library option names it
   std::string libraryHint;    // where to look for NCCL last
-  const GpuApi* api = nullptr;  // the CUDA and NCCL functions (null: loadGpuApi's, found by name)
+  const GpuApi* api = nullptr;  // the CUDA and NCCL functions (null: loadGpuApi finds NCCL)
 };
 
 }  // namespace ringcomm
