@@ -3,7 +3,8 @@
 Each field comes from the explicit argument, else its environment variable, else its default
 (some defaults depend on the world size and the host's cores). The resolved options are handed
 to the backends, which pass every value to the C++ core: the table below (``OPTIONS``) is the
-only place a default is written. Nothing reads the environment at import time.
+only place a default is written. A size or count of 0 means its default. Nothing reads the
+environment at import time.
 docs/design.md says how slots, slices, waits and thresholds were chosen.
 
 """
