@@ -41,7 +41,7 @@ def _host_time(fn, iters):
 
 
 def _rank(rank, world, store_path, sizes_mib, iters, warmup, slices, out_path):
-    from ringcomm import _C, cuda_backend
+    from ringcomm import _C, CommOptions, cuda_backend
 
     os.environ.update(cuda_backend.shared_gpu_env(rank))
     torch.cuda.set_device(0)
@@ -52,9 +52,9 @@ def _rank(rank, world, store_path, sizes_mib, iters, warmup, slices, out_path):
         store.set("ringcomm-bench-id", _C.nccl_unique_id(**cuda_backend.nccl_search()))
     # Slots as large as the largest slice; each measurement sets the slice it wants.
     # A short timeout: a hang costs the check seconds and still reports the rows before it.
-    search = cuda_backend.nccl_search()
-    ring = _C.CudaRing(rank, world, 0, store.get("ringcomm-bench-id"), slice_bytes=max(slices),
-                       timeout=20.0, library_hint=search["hint"], library=search["library"])
+    options = CommOptions(timeout=20.0, slice_bytes=max(slices)).resolved(world)
+    ring = _C.CudaRing(rank, world, 0, store.get("ringcomm-bench-id"),
+                       **cuda_backend.ring_arguments(options))
     comm = _C.Communicator(rank, world, ring.transport, ring.reducer, max(slices))
     ring.release()
     rows = []

@@ -13,6 +13,7 @@ import threading
 import torch
 
 from ringcomm import _C
+from ringcomm.options import DEFAULTS
 
 host_gpu = _C.testing.host_gpu
 # Left out of the call count: the watchdog's polls (as many as time allows, on its own thread;
@@ -29,8 +30,9 @@ def counts_per_call(world, mib, slice_mib, calls=2, cuda_graphs=True):
 
     def rank_main(rank):
         try:
-            ring = host_gpu.Ring(rank, world, uid, slice_bytes=slice_bytes, slots=8, timeout=300,
-                                 cuda_graphs=cuda_graphs)
+            ring = host_gpu.Ring(rank, world, uid, slice_bytes=slice_bytes,
+                                 slots=DEFAULTS["cuda_slot_count"], publish_bytes=0, timeout=300,
+                                 cuda_graphs=cuda_graphs, nccl_sms=DEFAULTS["nccl_sms"])
             comm = _C.Communicator(rank, world, ring.transport, ring.reducer, slice_bytes)
             buf = torch.ones(count)
             request = _C.CollectiveRequest(_C.Collective.all_reduce, buf.data_ptr(), 0, count,
@@ -67,7 +69,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--world", type=int, nargs="+", default=[2, 8])
     parser.add_argument("--mib", type=int, nargs="+", default=[1, 16, 256])
-    parser.add_argument("--slice-mib", type=int, default=4, help="cuda_slice_bytes in MiB")
+    parser.add_argument("--slice-mib", type=int, default=DEFAULTS["cuda_slice_bytes"] >> 20,
+                        help="cuda_slice_bytes in MiB")
     parser.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
                         help="every call eager (the cuda_graphs option off)")
     args = parser.parse_args()

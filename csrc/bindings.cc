@@ -63,11 +63,11 @@ py::dict planToDict(const Plan& plan) {
 }
 
 ShmOptions shmOptions(size_t slotBytes, uint32_t slotCount, double timeout, int spinMicros,
-                      int yieldMicros, size_t publishBytes = 0) {
+                      int yieldMicros, size_t publishBytes) {
   ShmOptions options;
   options.slotBytes = slotBytes;
   options.slotCount = slotCount;
-  if (publishBytes > 0) options.publishBytes = publishBytes;
+  options.publishBytes = publishBytes;
   options.wait.timeoutSeconds = timeout;
   options.wait.spinMicros = spinMicros;
   options.wait.yieldMicros = yieldMicros;
@@ -292,8 +292,7 @@ PYBIND11_MODULE(_C, m) {
                  shmOptions(slotBytes, slotCount, timeout, spinMicros, yieldMicros, publishBytes));
            }),
            py::arg("rank"), py::arg("world_size"), py::arg("slot_bytes"), py::arg("slot_count"),
-           py::arg("timeout"), py::arg("spin_us"), py::arg("yield_us") = 2000,
-           py::arg("publish_bytes") = 0)
+           py::arg("timeout"), py::arg("spin_us"), py::arg("yield_us"), py::arg("publish_bytes"))
       .def_property_readonly("channel_name", &ShmTransport::channelName)
       .def("connect", &ShmTransport::connect, py::arg("names"),
            py::call_guard<py::gil_scoped_release>())
@@ -303,10 +302,11 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init([](int rank, int worldSize, size_t slotBytes, uint32_t slotCount,
                        double timeout, int spinMicros, int yieldMicros) {
              return std::make_shared<ShmPeerLinks>(
-                 rank, worldSize, shmOptions(slotBytes, slotCount, timeout, spinMicros, yieldMicros));
+                 rank, worldSize,
+                 shmOptions(slotBytes, slotCount, timeout, spinMicros, yieldMicros, 0));  // no boards
            }),
            py::arg("rank"), py::arg("world_size"), py::arg("slot_bytes"), py::arg("slot_count"),
-           py::arg("timeout"), py::arg("spin_us"), py::arg("yield_us") = 2000)
+           py::arg("timeout"), py::arg("spin_us"), py::arg("yield_us"))
       .def("create_outgoing", &ShmPeerLinks::createOutgoing, py::arg("peer"))
       .def("attach_incoming", &ShmPeerLinks::attachIncoming, py::arg("peer"), py::arg("name"))
       .def("unlink_incoming", &ShmPeerLinks::unlinkIncoming, py::arg("peer"))

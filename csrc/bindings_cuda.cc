@@ -28,11 +28,11 @@ void bindCuda(py::module_& m) {
         "Why no CUDA device is usable, naming the CUDA error (\"\" when one is)");
   m.def("nccl_library", [](const std::string& library, const std::string& hint) {
         return py::make_tuple(ncclLibraryPath(library, hint), ncclRuntimeVersion(library, hint));
-      }, py::arg("library") = "", py::arg("hint") = "",
+      }, py::arg("library"), py::arg("hint"),
       "(path, version code) of the NCCL library ringcomm loads");
   m.def("nccl_unique_id", [](const std::string& library, const std::string& hint) {
         return py::bytes(makeNcclUniqueId(library, hint));
-      }, py::arg("library") = "", py::arg("hint") = "");
+      }, py::arg("library"), py::arg("hint"));
   // Kernel entry points for tests and benchmarks only (bindings.cc made the submodule).
   auto testing = m.attr("testing").cast<py::module_>();
   bindHostGpu(testing);
@@ -48,12 +48,12 @@ void bindCuda(py::module_& m) {
         py::arg("out0"), py::arg("out1"), py::arg("a"), py::arg("b"), py::arg("n"),
         py::arg("dtype"), py::arg("op"), py::arg("divisor") = 1, py::arg("finalize") = false,
         py::arg("stream") = 0, py::arg("wire_dtype") = py::none(),
-        py::arg("nccl_sms") = kSmsForNccl, release,
+        py::arg("nccl_sms"), release,
         "Enqueues out0/out1 = op(a, b) on the current device; pointers are device addresses. "
         "With wire_dtype (float16/bfloat16 under float32), out1 and b are in wire_dtype");
   testing.def("convert_kernel", &convertOnDevice, py::arg("out0"), py::arg("out1"), py::arg("src"),
         py::arg("src_is_wire"), py::arg("n"), py::arg("wire_dtype"), py::arg("stream") = 0,
-        py::arg("nccl_sms") = kSmsForNccl, release,
+        py::arg("nccl_sms"), release,
         "Enqueues out0 (float32) and out1 (wire_dtype) = src, which is in wire_dtype when "
         "src_is_wire");
   testing.def("copy_kernel", &copyOnDevice, py::arg("out0"), py::arg("out1"), py::arg("src"),
@@ -71,17 +71,17 @@ void bindCuda(py::module_& m) {
       ".reducer to Communicator. Every rank of the ring constructs it together. publish_bytes: "
       "the largest publication of the one-hop algorithms (one_shot, two_shot) per rank and "
       "phase, exchanged over NCCL; costs (2 x world_size + 2) x publish_bytes of device memory; "
-      "0 (the default) offers the ring only")
+      "0 offers the ring only")
       .def(py::init([](int rank, int worldSize, int device, const py::bytes& uniqueId,
                        size_t sliceBytes, int slots, double timeout, const std::string& hint,
                        const std::string& library, int smsForNccl,
                        size_t publishBytes, bool cudaGraphs) {
-             CudaRingOptions o;
+             CudaTransportOptions o;
              o.rank = rank;
              o.worldSize = worldSize;
              o.device = device;
              o.uniqueId = uniqueId;
-             o.sliceBytes = sliceBytes;
+             o.slotBytes = sliceBytes;
              o.slots = slots;
              o.timeoutSeconds = timeout;
              o.libraryHint = hint;
@@ -92,12 +92,12 @@ void bindCuda(py::module_& m) {
              py::gil_scoped_release unlocked;  // NCCL init waits for every rank
              return std::make_shared<CudaRing>(o);
            }),
+           // CommOptions' resolved values, every one given (ringcomm/options.py holds the
+           // defaults; ringcomm.cuda_backend.ring_arguments maps them).
            py::arg("rank"), py::arg("world_size"), py::arg("device"), py::arg("unique_id"),
-           py::arg("slice_bytes") = 4 << 20, py::arg("slots") = 8, py::arg("timeout") = 600.0,
-           py::arg("library_hint") = "", py::arg("library") = "",
-           py::arg("nccl_sms") = kSmsForNccl,
-           py::arg("publish_bytes") = CudaRingOptions{}.publishBytes,
-           py::arg("cuda_graphs") = true)
+           py::arg("slice_bytes"), py::arg("slots"), py::arg("timeout"),
+           py::arg("library_hint"), py::arg("library"), py::arg("nccl_sms"),
+           py::arg("publish_bytes"), py::arg("cuda_graphs"))
       .def_property_readonly("transport", &CudaRing::transport)
       .def_property_readonly("reducer", &CudaRing::reducer)
       .def("query", &CudaRing::query, release)

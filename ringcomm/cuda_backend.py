@@ -4,6 +4,7 @@ import os
 import sys
 
 from . import _C, backends
+from .options import DEFAULTS, CommOptions
 
 
 def nccl_library_hint():
@@ -20,8 +21,6 @@ def nccl_library_hint():
 def nccl_search(options=None):
     """Where NCCL is looked for, as the keywords of _C.nccl_library and _C.nccl_unique_id: the
     nccl_library option (of `options`, else the environment) and the wheel's folder."""
-    from .options import CommOptions
-
     options = options if options is not None else CommOptions().resolved(1)
     return {"library": options.nccl_library, "hint": nccl_library_hint()}
 
@@ -34,8 +33,9 @@ MULTI_RANK_GPU_NCCL = 23003
 # What every rank sharing a GPU also gets, on either path. NVLS (NVLink SHARP) and multi-node
 # NVLink would have NCCL set up multicast and fabric memory between "hosts" that are one device;
 # ringcomm only sends and receives, so it needs neither. The ranks time-slice the one GPU, so
-# each communicator's NCCL kernels use few CTAs (the same 8 SMs nccl_sms leaves them).
-SHARED_GPU_DEFAULTS = {"NCCL_NVLS_ENABLE": "0", "NCCL_MNNVL_ENABLE": "0", "NCCL_MAX_CTAS": "8"}
+# each communicator's NCCL kernels use few CTAs (as many as the SMs nccl_sms leaves them).
+SHARED_GPU_DEFAULTS = {"NCCL_NVLS_ENABLE": "0", "NCCL_MNNVL_ENABLE": "0",
+                       "NCCL_MAX_CTAS": str(DEFAULTS["nccl_sms"])}
 
 
 def shared_gpu_env(rank, nccl_version=None, environ=None):
@@ -87,16 +87,26 @@ def create(rendezvous, device_index, options, ordinal=0):
     if rendezvous.rank == 0:
         rendezvous.publish(key, _C.nccl_unique_id(**search))
     unique_id = rendezvous.read(key, 0)
-    slice_bytes = options.slice_bytes or options.cuda_slice_bytes
+    arguments = ring_arguments(options)
     ring = _C.CudaRing(rendezvous.rank, rendezvous.world_size, device_index, unique_id,
-                       slice_bytes=slice_bytes, timeout=options.timeout,
-                       library_hint=search["hint"], library=search["library"],
-                       nccl_sms=options.nccl_sms, cuda_graphs=options.cuda_graphs)
+                       **arguments)
     comm = _C.Communicator(rendezvous.rank, rendezvous.world_size, ring.transport, ring.reducer,
-                           slice_bytes)
+                           arguments["slice_bytes"])
     comm.set_peer_links(ring.transport)  # sends whole messages from and into user buffers
     ring.release()  # the communicator owns them now: its close() frees the GPU resources
     return comm
+
+
+def ring_arguments(options, publish_bytes=0):
+    """_C.CudaRing's keywords after the device and NCCL id, from resolved CommOptions.
+    publish_bytes: 0 offers the ring only. The one-hop algorithms over NCCL have not yet run on
+    a GPU, so communicators leave them off; the GPU tests pass a size to run them."""
+    search = nccl_search(options)
+    return {"slice_bytes": options.slice_bytes or options.cuda_slice_bytes,
+            "slots": options.cuda_slot_count, "timeout": options.timeout,
+            "library_hint": search["hint"], "library": search["library"],
+            "nccl_sms": options.nccl_sms, "publish_bytes": publish_bytes,
+            "cuda_graphs": options.cuda_graphs}
 
 
 def _capturing():

@@ -2,33 +2,15 @@
 
 Each field comes from the explicit argument, else its environment variable, else its default
 (some defaults depend on the world size and the host's cores). The resolved options are handed
-to the backends; nothing reads the environment at import time.
-
-| field | environment | default |
-|---|---|---|
-| timeout | - | ``torch.distributed.default_pg_timeout`` |
-| algorithm | RINGCOMM_ALGORITHM | ``"auto"`` (by size, the thresholds below); or any other name in ALGORITHMS (``"ring"``, ``"one_shot"``, ...); per call: ``algorithm=`` on all_reduce, reduce_scatter, all_gather; a collective the algorithm does not plan runs the ring |
-| publish_bytes | RINGCOMM_SHM_PUBLISH_BYTES | 256 KiB: CPU publication size per rank and round (one-hop algorithms) |
-| slice_bytes | - | the CPU transport's slot size; ``cuda_slice_bytes`` on CUDA |
-| cuda_slice_bytes | RINGCOMM_CUDA_SLICE_BYTES | 4 MiB |
-| slot_bytes | RINGCOMM_SHM_SLOT_BYTES | 64 KiB, 32 KiB when ranks outnumber the host's cores |
-| slot_count | RINGCOMM_SHM_SLOTS | 16, 8 when ranks outnumber the host's cores |
-| spin_us | RINGCOMM_SPIN_US | 50 us of polling when every rank can have a core (this process's affinity), else 0 |
-| yield_us | RINGCOMM_YIELD_US | 2000 us of yielding next, then a waiter sleeps on a futex (no yields for 1 s after 4 of 16 lost the core for > 500 us: a busy machine) |
-| debug | RINGCOMM_DEBUG (1 or DETAIL) | off |
-| check_finite | RINGCOMM_CHECK_FINITE (1) | off |
-| nccl_library | RINGCOMM_NCCL_LIBRARY | ``""``: NCCL already loaded (torch's), else the system's, else the nvidia-nccl-cu13 wheel's; a file or folder here is the only place looked at |
-| nccl_sms | RINGCOMM_NCCL_SMS | 8: SMs the CUDA reduction kernels leave to NCCL's own |
-| cuda_graphs | RINGCOMM_CUDA_GRAPHS (0 turns it off) | on: a CUDA ring collective repeated on the same buffers (DDP's buckets) is recorded as a CUDA graph at its second call and replayed by later ones |
-
+to the backends, which pass every value to the C++ core: the table below (``OPTIONS``) is the
+only place a default is written. A size or count of 0 means its default. Nothing reads the
+environment at import time.
 docs/design.md says how slots, slices, waits and thresholds were chosen.
-
-``auto``'s thresholds: one field per algorithm it picks by size, with the algorithm table's
-defaults and uses (csrc/include/ringcomm/algorithms.h; ``THRESHOLDS``); the ring past them all.
 
 """
 import dataclasses
 import os
+from typing import Callable, NamedTuple, Optional
 
 from . import _C
 from .rendezvous import timeout_seconds
@@ -66,37 +48,92 @@ def algorithm_for(name, collective):
     return name if collective in ALGORITHM_COLLECTIVES[check_algorithm(name)] else "ring"
 
 
+class Option(NamedTuple):
+    """One option: a CommOptions field, the environment variable that sets it (None: only the
+    argument does), how that variable's text is read (which also says its type), its default
+    (None: computed, as `doc` says) and a line of documentation. `crowded`: the default when
+    ranks outnumber the cores (the doc says which cores), where it differs."""
+    name: str
+    environment: Optional[str]
+    parse: Optional[Callable[[str], object]]
+    default: object
+    doc: str
+    crowded: object = None
+
+
 def _flag(*on):
     return lambda text: text.upper() in on
 
 
+def _unless(*off):
+    return lambda text: text.strip().lower() not in off
+
+
 def _size(text):
-    return int(text) or None  # 0: the default
+    return int(text) or None  # a size or count: 0, given or in the environment, is the default
 
 
-# field: (environment variable, parser)
-_ENVIRONMENT = {
-    "algorithm": ("RINGCOMM_ALGORITHM", str.lower),
-    **{field: (f"RINGCOMM_{field.upper()}", int) for field in THRESHOLDS},
-    "publish_bytes": ("RINGCOMM_SHM_PUBLISH_BYTES", _size),
-    "cuda_slice_bytes": ("RINGCOMM_CUDA_SLICE_BYTES", _size),
-    "slot_bytes": ("RINGCOMM_SHM_SLOT_BYTES", _size),
-    "slot_count": ("RINGCOMM_SHM_SLOTS", _size),
-    "spin_us": ("RINGCOMM_SPIN_US", int),
-    "yield_us": ("RINGCOMM_YIELD_US", int),
-    "debug": ("RINGCOMM_DEBUG", _flag("1", "DETAIL")),
-    "check_finite": ("RINGCOMM_CHECK_FINITE", _flag("1")),
-    "nccl_library": ("RINGCOMM_NCCL_LIBRARY", str),
-    "nccl_sms": ("RINGCOMM_NCCL_SMS", int),
-    "cuda_graphs": ("RINGCOMM_CUDA_GRAPHS", lambda value: value.strip().lower() not in
-                    ("0", "false", "off")),
-}
+KiB, MiB = 1 << 10, 1 << 20
+
+OPTIONS = (
+    Option("timeout", None, None, None,
+           "seconds (or a datetime.timedelta) any wait may take; default: "
+           "``torch.distributed.default_pg_timeout`` (the torch backend: its group's)"),
+    Option("algorithm", "RINGCOMM_ALGORITHM", str.lower, "auto",
+           "``auto`` picks by size (the thresholds below); or any other name in ALGORITHMS "
+           "(``ring``, ``one_shot``, ...); per call: ``algorithm=`` on all_reduce, reduce_scatter, "
+           "all_gather; a collective the algorithm does not plan runs the ring"),
+    Option("publish_bytes", "RINGCOMM_SHM_PUBLISH_BYTES", _size, 256 * KiB,
+           "CPU: one publication per rank and round of the one-hop algorithms"),
+    Option("slice_bytes", None, None, None,
+           "pipelining granularity; default: ``slot_bytes`` on CPU, ``cuda_slice_bytes`` on CUDA"),
+    Option("cuda_slice_bytes", "RINGCOMM_CUDA_SLICE_BYTES", _size, 4 * MiB,
+           "CUDA: the slice, which is also the size of one NCCL staging slot"),
+    Option("slot_bytes", "RINGCOMM_SHM_SLOT_BYTES", _size, 64 * KiB,
+           "CPU: bytes of one shared-memory slot (the largest message); cores: the host's "
+           "(every rank picks the same)",
+           crowded=32 * KiB),
+    Option("slot_count", "RINGCOMM_SHM_SLOTS", _size, 16,
+           "CPU: slots per ring link; cores: the host's (every rank picks the same)",
+           crowded=8),
+    Option("spin_us", "RINGCOMM_SPIN_US", int, 50,
+           "CPU: microseconds a waiting rank polls before it yields; cores: this process's "
+           "(its affinity)", crowded=0),
+    Option("yield_us", "RINGCOMM_YIELD_US", int, 2000,
+           "CPU: microseconds of yielding next, then a waiter sleeps on a futex (no yields for "
+           "1 s after 4 of 16 lost the core for > 500 us: a busy machine)"),
+    Option("debug", "RINGCOMM_DEBUG", _flag("1", "DETAIL"), False,
+           "on when the variable is 1 or DETAIL: exchange a descriptor of every collective "
+           "first"),
+    Option("check_finite", "RINGCOMM_CHECK_FINITE", _flag("1"), False,
+           "on when the variable is 1: look for NaN/Inf in every input first"),
+    Option("nccl_library", "RINGCOMM_NCCL_LIBRARY", str, "",
+           "CUDA: NCCL's library file or folder, the only place looked at; empty: NCCL already "
+           "loaded (torch's), else the system's, else the nvidia-nccl-cu13 wheel's"),
+    Option("nccl_sms", "RINGCOMM_NCCL_SMS", int, 8,
+           "CUDA: SMs the reduction kernels leave to NCCL's own"),
+    Option("cuda_graphs", "RINGCOMM_CUDA_GRAPHS", _unless("0", "false", "off"), True,
+           "CUDA: a ring collective repeated on the same buffers (DDP's buckets) is recorded "
+           "as a CUDA graph at its second call and replayed by later ones; 0 turns it off"),
+    Option("cuda_slot_count", "RINGCOMM_CUDA_SLOTS", _size, 8,
+           "CUDA: NCCL staging slots per direction; half of them are slices in flight"),
+    # auto's thresholds: their defaults are the algorithm table's (THRESHOLDS), one per
+    # algorithm auto picks by size, so a new algorithm's threshold needs no edit here.
+    *(Option(field, f"RINGCOMM_{field.upper()}", int, default,
+             f"``auto`` runs {field.removesuffix('_max_bytes')} up to here "
+             f"({_C.THRESHOLD_USES[field]}); 0: never")
+      for field, default in THRESHOLDS.items()),
+)
+
+# The table's defaults, for a host with a core per rank.
+DEFAULTS = {option.name: option.default for option in OPTIONS}
 
 
 @dataclasses.dataclass(frozen=True)
 class _Options:
     """How a :class:`ringcomm.Communicator` runs; ``None`` means the environment, else the
-    default (see the module's table). Pass one, or its fields as keywords, to the Communicator.
+    default (``help(ringcomm.options)``: the table). Pass one, or its fields as keywords, to the
+    Communicator.
 
     Example::
 
@@ -104,80 +141,74 @@ class _Options:
         comm.options.slot_bytes   # resolved: 65536 on a host with a core per rank
     """
 
-    timeout: object = None  # seconds or a datetime.timedelta
-    algorithm: str = None  # the default for all_reduce, reduce_scatter and all_gather
-    publish_bytes: int = None  # CPU: one publication (per rank and round) of one-hop algorithms
-    slice_bytes: int = None  # pipelining granularity on every device
-    cuda_slice_bytes: int = None
-    slot_bytes: int = None  # CPU: bytes of one shared-memory slot (the largest message)
-    slot_count: int = None  # CPU: slots per ring link
-    spin_us: int = None  # CPU: microseconds a waiting rank polls before it yields
-    yield_us: int = None  # CPU: microseconds of yielding before a waiting rank sleeps
-    debug: bool = None  # exchange a descriptor of every collective first
-    check_finite: bool = None  # look for NaN/Inf in every input first
-    nccl_library: str = None  # CUDA: NCCL's library file or folder ("": search)
-    nccl_sms: int = None  # CUDA: SMs the reduction kernels leave to NCCL
-    cuda_graphs: bool = None  # CUDA: replay repeated ring collectives as recorded graphs
-
     def replace(self, **fields):
         """A copy with the fields given that are not None replaced."""
         return dataclasses.replace(self, **{k: v for k, v in fields.items() if v is not None})
 
     def resolved(self, world_size):
         """Every field set: explicit value > environment > default for `world_size` ranks."""
+        # Slots follow the host's core count, so every rank picks the same (ranks whose slots
+        # differ fail with MismatchError). Spinning pays only when every rank can have a core to
+        # itself (this process's affinity): then it saves waking an idle core; else it holds a
+        # core a peer needs.
+        crowded = {"spin_us": world_size > len(os.sched_getaffinity(0))}
+        host_crowded = world_size > (os.cpu_count() or 1)
         values = {}
-        for field, (name, parse) in _ENVIRONMENT.items():
-            value = getattr(self, field)
-            if value is None and os.environ.get(name):
-                value = parse(os.environ[name])
-            values[field] = value
-        crowded = world_size > (os.cpu_count() or 1)  # the host's cores: every rank agrees
-        defaults = {
-            "algorithm": "auto",
-            **THRESHOLDS,  # measured crossovers (algorithms.h; docs/design.md)
-            "publish_bytes": 256 * 1024,
-            "cuda_slice_bytes": 4 << 20,
-            "slot_bytes": (32 if crowded else 64) * 1024,
-            "slot_count": 8 if crowded else 16,
-            # Spinning pays only when every rank can have a core to itself (this process's): then
-            # it saves waking an idle core (30 us here); else it holds a core a peer needs.
-            "spin_us": 50 if world_size <= len(os.sched_getaffinity(0)) else 0,
-            "yield_us": 2000,
-            "debug": False,
-            "check_finite": False,
-            "nccl_library": "",
-            "nccl_sms": 8,
-            "cuda_graphs": True,
-        }
-        for field, default in defaults.items():
-            if values[field] is None:
-                values[field] = default
+        for option in OPTIONS:
+            value = getattr(self, option.name)
+            text = os.environ.get(option.environment) if option.environment else None
+            if value is None and text:
+                value = option.parse(text)
+            if value is None or (value == 0 and option.parse is _size):  # a size of 0 too
+                value = option.default
+                if option.crowded is not None and crowded.get(option.name, host_crowded):
+                    value = option.crowded
+            values[option.name] = value
         check_algorithm(values["algorithm"])
-        values["debug"], values["check_finite"] = bool(values["debug"]), bool(values["check_finite"])
-        return dataclasses.replace(self, timeout=timeout_seconds(self.timeout), **values)
+        for flag in ("debug", "check_finite"):
+            values[flag] = bool(values[flag])
+        values["timeout"] = timeout_seconds(self.timeout)
+        return dataclasses.replace(self, **values)
 
     def thresholds(self):
         """{field: bytes} of auto's thresholds, as the C++ communicator takes them."""
         return {field: getattr(self, field) for field in THRESHOLDS}
 
 
-# _Options' fields, then a threshold field for every algorithm auto picks by size (THRESHOLDS):
-# a new algorithm's threshold needs no edit here.
+def _field_type(option):
+    return object if option.default is None else type(option.default)
+
+
+# A field per row of the table, None until resolved.
 CommOptions = dataclasses.make_dataclass(
-    "CommOptions", [(field, int, None) for field in THRESHOLDS], bases=(_Options,), frozen=True,
-    namespace={"__doc__": _Options.__doc__, "__module__": __name__})
+    "CommOptions", [(o.name, _field_type(o), None) for o in OPTIONS], bases=(_Options,),
+    frozen=True, namespace={"__doc__": _Options.__doc__, "__module__": __name__})
 
 
-def _threshold_rows():
-    """The thresholds' rows of the module's table, from the C++ table's defaults."""
-    rows = ["| field | environment | default |", "|---|---|---|"]
-    for field, default in THRESHOLDS.items():
-        algorithm = field.removesuffix("_max_bytes")
-        size = f"{default // 1024} KiB" if default and default % 1024 == 0 else f"{default} B"
-        rows.append(f"| {field} | {_ENVIRONMENT[field][0]} | {size if default else '0 (never)'}: "
-                    f"``auto`` runs {algorithm} up to here ({_C.THRESHOLD_USES[field]}) |")
+def _shown(option, value):
+    """A default as the table shows it."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, str):
+        return f'``"{value}"``'
+    if option.name.endswith("_bytes") and value:
+        for unit, size in (("MiB", MiB), ("KiB", KiB)):
+            if value % size == 0:
+                return f"{value // size} {unit}"
+        return f"{value} B"
+    return str(value)
+
+
+def table():
+    """The options as a markdown table: field, environment variable, default, what it does."""
+    rows = ["| field | environment | default | what it does |", "|---|---|---|---|"]
+    for option in OPTIONS:
+        default = "-" if option.default is None else _shown(option, option.default)
+        if option.crowded is not None:
+            default += f" ({_shown(option, option.crowded)} when ranks outnumber the cores)"
+        rows.append(f"| {option.name} | {option.environment or '-'} | {default} | {option.doc} |")
     return "\n".join(rows) + "\n"
 
 
 if __doc__:  # not under python -OO
-    __doc__ += _threshold_rows()
+    __doc__ += table()

@@ -51,7 +51,7 @@ def host_nccl_backend(slice_bytes=256, slots=4, publish_bytes=0, timeout=20.0, c
             rendezvous.publish(key, host_gpu.unique_id())
         ring = host_gpu.Ring(rendezvous.rank, rendezvous.world_size, rendezvous.read(key, 0),
                              slice_bytes=slice_bytes, slots=slots, publish_bytes=publish_bytes,
-                             timeout=timeout, cuda_graphs=cuda_graphs)
+                             timeout=timeout, cuda_graphs=cuda_graphs, nccl_sms=options.nccl_sms)
         comm = _C.Communicator(rendezvous.rank, rendezvous.world_size, ring.transport,
                                ring.reducer, slice_bytes)
         comm.set_peer_links(ring.transport)

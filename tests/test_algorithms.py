@@ -10,7 +10,7 @@ import torch
 
 import ringcomm
 from launcher import launch
-from ringcomm.options import ALGORITHM_COLLECTIVES, ALGORITHMS
+from ringcomm.options import ALGORITHM_COLLECTIVES, ALGORITHMS, DEFAULTS
 from sweep import DTYPES, OPS, make_input, op_valid, reduce_reference, wrong
 
 # Small publications, so that a few hundred elements already take several rounds.
@@ -203,12 +203,19 @@ def test_a_board_wait_names_collective_step_and_peer_when_a_rank_is_late_or_dead
         assert all("rank 2 (process" in m and "died" in m for _, _, m in results[:n - 1]), results
 
 
+def shm_transport(rank, world):
+    """An unconnected shared-memory transport: 4 slots of 4 KiB, no spinning, default yields and
+    publications."""
+    return ringcomm._C.ShmTransport(rank, world, 4096, 4, 5.0, 0, DEFAULTS["yield_us"],
+                                    DEFAULTS["publish_bytes"])
+
+
 def test_transports_without_publications_run_auto_as_the_ring_and_refuse_one_hop():
     """NCCL has no publications today; shared-memory peer links (a Transport without them)
     stand in for it: auto falls back to the ring, one_shot is refused before anything is sent."""
     C = ringcomm._C
     A, P = C.Algorithm, C.Collective
-    links = C.ShmPeerLinks(0, 2, 4096, 4, 5.0, 0)
+    links = C.ShmPeerLinks(0, 2, 4096, 4, 5.0, 0, DEFAULTS["yield_us"])
     comm = C.Communicator(0, 2, links, C.CpuReducer(), 4096)
     for collective in (P.all_reduce, P.reduce_scatter, P.all_gather):
         assert comm.resolve_algorithm(A.auto, collective, 8) == A.ring
@@ -220,8 +227,8 @@ def test_transports_without_publications_run_auto_as_the_ring_and_refuse_one_hop
     assert set(ALGORITHM_COLLECTIVES["one_shot"]) == {"all_reduce", "reduce_scatter", "all_gather"}
     assert ALGORITHM_COLLECTIVES["two_shot"] == ("all_reduce",)
     with pytest.raises(ringcomm.RingcommError, match="publications must hold at least 64 bytes"):
-        C.ShmTransport(0, 2, 4096, 4, 5.0, 0, publish_bytes=32)
-    alone = C.Communicator(0, 1, C.ShmTransport(0, 1, 4096, 4, 5.0, 0), C.CpuReducer(), 4096)
+        C.ShmTransport(0, 2, 4096, 4, 5.0, 0, DEFAULTS["yield_us"], publish_bytes=32)
+    alone = C.Communicator(0, 1, shm_transport(0, 1), C.CpuReducer(), 4096)
     assert alone.resolve_algorithm(A.two_shot, P.all_reduce, 8) == A.ring  # nothing to exchange
 
 
@@ -229,7 +236,7 @@ def test_auto_thresholds_pick_by_size_on_shared_memory():
     C = ringcomm._C
     A, P = C.Algorithm, C.Collective
     def communicator(world):  # transports not connected: choosing needs no peer
-        return C.Communicator(0, world, C.ShmTransport(0, world, 4096, 4, 5.0, 0), C.CpuReducer(),
+        return C.Communicator(0, world, shm_transport(0, world), C.CpuReducer(),
                               4096, thresholds={"one_shot_max_bytes": 100,
                                                 "two_shot_max_bytes": 1000})
 

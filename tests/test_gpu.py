@@ -19,7 +19,8 @@ from shared_launch import SharedLaunches, on_ranks, shares_launch  # noqa: F401 
 torch = pytest.importorskip("torch")
 
 try:
-    from ringcomm import _C, cuda_backend
+    from ringcomm import _C, CommOptions, cuda_backend
+    from ringcomm.options import DEFAULTS
     from sweep import DTYPES as SWEEP_DTYPES, OPS, op_valid
 except ImportError:  # not built: every test here skips
     _C, OPS, SWEEP_DTYPES = None, [], []
@@ -76,7 +77,8 @@ def _run_kernel(dtype, op, out0, out1, a, b, n, divisor=1, finalize=False):
     _C.testing.reduce_kernel(out0.data_ptr() if out0 is not None else 0,
                              out1.data_ptr() if out1 is not None else 0,
                              a.data_ptr(), b.data_ptr(), n, getattr(_C.DataType, dtype),
-                             getattr(_C.RedOp, op), divisor, finalize, stream)
+                             getattr(_C.RedOp, op), divisor, finalize, stream,
+                             nccl_sms=DEFAULTS["nccl_sms"])
 
 
 def _assert_same(actual, expected, what):
@@ -179,7 +181,7 @@ def _run_wire_kernel(op, out0, out1, a, b, n, wire, divisor=1, finalize=False):
                              out1.data_ptr() if out1 is not None else 0,
                              a.data_ptr(), b.data_ptr(), n, _C.DataType.float32,
                              getattr(_C.RedOp, op), divisor, finalize, stream,
-                             wire_dtype=getattr(_C.DataType, wire))
+                             wire_dtype=getattr(_C.DataType, wire), nccl_sms=DEFAULTS["nccl_sms"])
 
 
 @pytest.mark.parametrize("wire", WIRES)
@@ -242,7 +244,8 @@ def test_wire_reduce_kernel_rejects_bad_combinations():
     i = torch.zeros(8, dtype=torch.int32, device="cuda")
     with pytest.raises(RuntimeError, match="cannot travel"):
         _C.testing.reduce_kernel(i.data_ptr(), 0, i.data_ptr(), h.data_ptr(), 8,
-                                 _C.DataType.int32, _C.RedOp.sum, wire_dtype=_C.DataType.float16)
+                                 _C.DataType.int32, _C.RedOp.sum, wire_dtype=_C.DataType.float16,
+                                 nccl_sms=DEFAULTS["nccl_sms"])
 
 
 @pytest.mark.parametrize("wire", WIRES)
@@ -263,7 +266,7 @@ def test_convert_kernel(wire):
                                                                                 device="cuda")
             o0, o1 = o0_all[off:off + n], o1_all[off:off + n]
             _C.testing.convert_kernel(o0.data_ptr(), o1.data_ptr(), src.data_ptr(), False, n,
-                                      cwire, stream)
+                                      cwire, stream, nccl_sms=DEFAULTS["nccl_sms"])
             torch.cuda.synchronize()
             _assert_bits(o0, src, what + " to wire, out0")
             _assert_bits(o1, src.cpu().to(wt), what + " to wire, out1", nan_bits=False)
@@ -274,7 +277,7 @@ def test_convert_kernel(wire):
             o0_all.zero_()
             o1_all.zero_()
             _C.testing.convert_kernel(o0.data_ptr(), o1.data_ptr(), src.data_ptr(), True, n,
-                                      cwire, stream)
+                                      cwire, stream, nccl_sms=DEFAULTS["nccl_sms"])
             torch.cuda.synchronize()
             _assert_bits(o1, src, what + " from wire, out1")
             _assert_bits(o0, src.cpu().float(), what + " from wire, out0", nan_bits=False)
@@ -284,7 +287,7 @@ def test_convert_kernel(wire):
     x = torch.randn(1001, device="cuda")
     h = torch.empty(1001, dtype=wt, device="cuda")
     _C.testing.convert_kernel(x.data_ptr(), h.data_ptr(), x.data_ptr(), False, 1001, cwire,
-                              stream)
+                              stream, nccl_sms=DEFAULTS["nccl_sms"])
     torch.cuda.synchronize()
     _assert_bits(h, x.to(wt), f"{wire} convert with out0 == src")
 
@@ -317,13 +320,15 @@ def _on_ring(rank, world, body, **params):
     store is the check's own: keys cannot meet another check's)."""
     torch.cuda.set_device(0)
     store = torch.distributed.distributed_c10d._get_default_store()
-    hint = cuda_backend.nccl_library_hint()
+    # 1 MiB slices: ranks time-slice one GPU, so fewer, larger messages. NCCL: found by the
+    # search and the wheel's folder, whatever RINGCOMM_NCCL_LIBRARY says.
+    options = CommOptions(timeout=RING_TIMEOUT, slice_bytes=SLICE_BYTES,
+                          nccl_library="").resolved(world)
     if rank == 0:
-        store.set("ringcomm-nccl-id", _C.nccl_unique_id(hint=hint))
+        store.set("ringcomm-nccl-id", _C.nccl_unique_id(**cuda_backend.nccl_search(options)))
     uid = store.get("ringcomm-nccl-id")
-    # 1 MiB slices: ranks time-slice one GPU, so fewer, larger messages.
-    ring = _C.CudaRing(rank, world, 0, uid, slice_bytes=SLICE_BYTES, timeout=RING_TIMEOUT,
-                       library_hint=hint, publish_bytes=PUBLISH_BYTES)
+    ring = _C.CudaRing(rank, world, 0, uid,
+                       **cuda_backend.ring_arguments(options, publish_bytes=PUBLISH_BYTES))
     comm = _C.Communicator(rank, world, ring.transport, ring.reducer, SLICE_BYTES)
     try:
         return body(comm, ring, rank, world, store, **params)
@@ -566,7 +571,8 @@ def test_missing_peer_times_out_at_creation():
     of hanging."""
     uid = _C.nccl_unique_id(**cuda_backend.nccl_search())
     with pytest.raises(_C.CommTimeoutError, match="creating the NCCL communicator.*rank 0 of 2"):
-        _C.CudaRing(0, 2, 0, uid, timeout=5.0, library_hint=cuda_backend.nccl_library_hint())
+        _C.CudaRing(0, 2, 0, uid,
+                    **cuda_backend.ring_arguments(CommOptions(timeout=5.0).resolved(2)))
 
 
 def _api_all_reduce(rank, world):

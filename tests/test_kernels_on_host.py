@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from ringcomm import _C
+from ringcomm.options import DEFAULTS
 
 ROOT = Path(__file__).resolve().parent.parent
 CSRC = ROOT / "csrc"
@@ -93,7 +94,8 @@ DEVICES = [(132, 4), (108, 3), (1, 3)]
 @pytest.mark.parametrize("sms,resident", DEVICES, ids=["h200", "a100", "one_sm"])
 def test_kernels_match_the_cpu_reducer_bit_for_bit(sweeps, variant, sms, resident):
     args = [str(sweeps[variant]), "--sms", str(sms), "--resident", str(resident),
-            "--seed", str(sms * 7919 + resident), "--large-ops", "all" if sms == 1 else "first"]
+            "--seed", str(sms * 7919 + resident), "--large-ops", "all" if sms == 1 else "first",
+            "--nccl-sms", str(DEFAULTS["nccl_sms"])]
     env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0:abort_on_error=0",
                UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1")
     result = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
@@ -103,6 +105,6 @@ def test_kernels_match_the_cpu_reducer_bit_for_bit(sweeps, variant, sms, residen
     print(variant, summary)
     assert " 0 failed" in summary and "cases" in summary, summary
     # The launch sizing that ships chose the grid: at most one wave of resident blocks on the SMs
-    # left free (8 for NCCL), and every one of them ran.
+    # left free (nccl_sms for NCCL), and every one of them ran.
     largest = int(summary.split("largest grid ")[1].split()[0])
-    assert largest == max(sms - 8, 1) * resident, summary
+    assert largest == max(sms - DEFAULTS["nccl_sms"], 1) * resident, summary

@@ -13,6 +13,7 @@ from collective_checks import VALID, Checker, counts_for, one_dtype_per_op
 from sweep import DTYPES
 
 from ringcomm import _C
+from ringcomm.options import DEFAULTS
 
 
 def _sweep(cases, copy_dtypes):
@@ -158,7 +159,9 @@ def test_a_peer_that_never_joins_gives_a_timeout_at_creation():
         uid = host_gpu.unique_id()
         start = time.monotonic()
         with pytest.raises(_C.CommTimeoutError, match="creating the NCCL communicator.*rank 0 of 2"):
-            host_gpu.Ring(0, 2, uid, timeout=TIMEOUT)
+            host_gpu.Ring(0, 2, uid, slice_bytes=DEFAULTS["cuda_slice_bytes"],
+                          slots=DEFAULTS["cuda_slot_count"], publish_bytes=0, timeout=TIMEOUT,
+                          cuda_graphs=DEFAULTS["cuda_graphs"], nccl_sms=DEFAULTS["nccl_sms"])
         assert time.monotonic() - start < TIMEOUT + 3
     assert host_gpu.violations() == []
 
@@ -226,7 +229,9 @@ def _two_rings(publish_bytes=PUBLISH_BYTES):
 
     def make(rank):
         rings[rank] = host_gpu.Ring(rank, 2, uid, slice_bytes=256, slots=4,
-                                    publish_bytes=publish_bytes, timeout=TIMEOUT)
+                                    publish_bytes=publish_bytes, timeout=TIMEOUT,
+                                    cuda_graphs=DEFAULTS["cuda_graphs"],
+                                    nccl_sms=DEFAULTS["nccl_sms"])
 
     threads = [threading.Thread(target=make, args=(r,)) for r in range(2)]
     for t in threads:

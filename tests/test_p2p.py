@@ -149,8 +149,10 @@ def test_core_all_to_all_refuses_overlapping_buffers():
     import numpy as np
 
     from ringcomm import _C
+    from ringcomm.options import DEFAULTS
 
-    transport = _C.ShmTransport(0, 1, 64 * 1024, 4, 10.0, 0)
+    transport = _C.ShmTransport(0, 1, 64 * 1024, 4, 10.0, 0, DEFAULTS["yield_us"],
+                                DEFAULTS["publish_bytes"])
     comm = _C.Communicator(0, 1, transport, _C.CpuReducer(), 64 * 1024)
     x = np.arange(8, dtype=np.float32)
     with pytest.raises(_C.RingcommError, match="must not overlap"):

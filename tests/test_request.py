@@ -7,6 +7,7 @@ import torch
 import ringcomm
 from launcher import launch
 from ringcomm import _C
+from ringcomm.options import DEFAULTS
 from sweep import make_input, reduce_reference, wrong
 
 R, P, D, O, A = _C.CollectiveRequest, _C.Collective, _C.DataType, _C.RedOp, _C.Algorithm
@@ -89,14 +90,16 @@ def test_every_collective_by_request_matches_the_reference(n):
 
 def _alone():
     """A one-rank communicator: its checks run before anything would be sent."""
-    transport = _C.ShmTransport(0, 1, 4096, 4, 5.0, 0)
+    transport = _C.ShmTransport(0, 1, 4096, 4, 5.0, 0, DEFAULTS["yield_us"],
+                                DEFAULTS["publish_bytes"])
     return _C.Communicator(0, 1, transport, _C.CpuReducer(), 4096)
 
 
 def _pair():
     """Rank 0 of two, never connected: a request it accepts would wait for rank 1, so only
     requests it refuses may be run on it."""
-    transport = _C.ShmTransport(0, 2, 4096, 4, 5.0, 0)
+    transport = _C.ShmTransport(0, 2, 4096, 4, 5.0, 0, DEFAULTS["yield_us"],
+                                DEFAULTS["publish_bytes"])
     return _C.Communicator(0, 2, transport, _C.CpuReducer(), 4096)
 
 

@@ -18,13 +18,12 @@
 
 namespace ringcomm {
 
-// The Python layer always passes every field, resolved by CommOptions (ringcomm/options.py:
-// fewer, smaller slots when ranks outnumber the cores); these are its defaults for a host with
-// a core per rank.
+// Every field is set by the caller: the Python layer passes CommOptions' resolved values
+// (ringcomm/options.py holds the defaults).
 struct ShmOptions {
-  size_t slotBytes = 64 * 1024;
-  uint32_t slotCount = 16;
-  size_t publishBytes = 256 * 1024;  // per rank, phase and round (the board holds 4 of them)
+  size_t slotBytes = 0;
+  uint32_t slotCount = 0;
+  size_t publishBytes = 0;  // per rank, phase and round (the board holds 4 of them)
   WaitPolicy wait;
 };
 

@@ -51,10 +51,11 @@ struct WaitStats {
   }
 };
 
+// The first three are CommOptions' timeout, spin_us and yield_us, set by the caller.
 struct WaitPolicy {
-  double timeoutSeconds = 1800;
-  int spinMicros = 50;      // busy polls first, for this long
-  int yieldMicros = 2000;   // then sched_yield polls for this long, unless yields are slow here
+  double timeoutSeconds = 0;
+  int spinMicros = 0;       // busy polls first, for this long
+  int yieldMicros = 0;      // then sched_yield polls for this long, unless yields are slow here
   int sleepMillis = 20;     // then futex slices
   WaitStats* stats = nullptr;  // where to count the waits (the transport's), if anywhere
 };

@@ -88,26 +88,15 @@ void convertOnDevice(uintptr_t out0, uintptr_t out1, uintptr_t src, bool srcIsWi
 void copyOnDevice(uintptr_t out0, uintptr_t out1, uintptr_t src, size_t bytes, uintptr_t stream) {
   int device = 0;
   RC_CUDA_CHECK(cudaGetDevice(&device));
-  CudaReducer reducer(device, reinterpret_cast<cudaStream_t>(stream));
+  CudaReducer reducer(device, reinterpret_cast<cudaStream_t>(stream), 0);  // copies: no kernel
   reducer.copy(reinterpret_cast<void*>(out0), reinterpret_cast<void*>(out1),
                reinterpret_cast<const void*>(src), bytes);
 }
 
-CudaRing::CudaRing(const CudaRingOptions& options) {
+CudaRing::CudaRing(const CudaTransportOptions& options) {
   RC_CHECK(options.device >= 0 && options.device < cudaDeviceCount(), "CUDA device ",
            options.device, " does not exist (this process sees ", cudaDeviceCount(), ")");
-  NcclTransportOptions t;
-  t.rank = options.rank;
-  t.worldSize = options.worldSize;
-  t.device = options.device;
-  t.uniqueId = options.uniqueId;
-  t.slotBytes = options.sliceBytes;
-  t.slots = options.slots;
-  t.publishBytes = options.publishBytes;
-  t.timeoutSeconds = options.timeoutSeconds;
-  t.nccl = {options.library, options.libraryHint};
-  t.recordGraphs = options.recordGraphs;
-  transport_ = std::make_shared<NcclTransport>(t);
+  transport_ = std::make_shared<NcclTransport>(options);
   reducer_ = std::make_shared<CudaReducer>(options.device, transport_->computeStream(),
                                            options.smsForNccl);
 }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/cuda_options.h"
 #include "cuda/reduce_kernels.h"
 #include "ringcomm/types.h"
 
@@ -48,31 +49,12 @@ void convertOnDevice(uintptr_t out0, uintptr_t out1, uintptr_t src, bool srcIsWi
                      DataType wireType, uintptr_t stream, int smsForNccl);
 void copyOnDevice(uintptr_t out0, uintptr_t out1, uintptr_t src, size_t bytes, uintptr_t stream);
 
-struct CudaRingOptions {
-  int rank = 0;
-  int worldSize = 1;
-  int device = 0;
-  std::string uniqueId;          // 128 bytes
-  size_t sliceBytes = 4 << 20;   // pipeline slice (also the NCCL staging slot size)
-  int slots = 8;                 // staging slots per direction; slots/2 slice columns in flight
-  // Largest publication of the one-hop algorithms per rank and phase; device memory
-  // (2 x worldSize + 2) x publishBytes (1 MiB: 18 MiB per rank at 8 ranks). 0, the default:
-  // none, so `auto` keeps the ring on NCCL. The one-hop algorithms over NCCL have not yet run on
-  // a GPU; ringcomm.cuda_backend leaves them off, and the GPU tests set this to run them.
-  size_t publishBytes = 0;
-  double timeoutSeconds = 600.0;
-  std::string library;            // NCCL's library, as the nccl_library option names it
-  std::string libraryHint;        // where to look for NCCL last
-  int smsForNccl = kSmsForNccl;   // SMs the reduction kernels leave to NCCL's (nccl_sms)
-  bool recordGraphs = true;       // replay repeated ring collectives (cuda_graphs)
-};
-
 // The CUDA half of a ringcomm communicator on one GPU: an NCCL transport (non-blocking NCCL
 // communicator, watchdog) and a CUDA reducer on its compute stream. The core Communicator runs
 // them (ringcomm/cuda_backend.py builds one); this handle adds the host-side waits.
 class CudaRing {
  public:
-  explicit CudaRing(const CudaRingOptions& options);
+  explicit CudaRing(const CudaTransportOptions& options);
   ~CudaRing();
 
   std::shared_ptr<Transport> transport() const;

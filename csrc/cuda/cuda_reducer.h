@@ -15,7 +15,7 @@ inline namespace RC_KERNEL_BUILD {  // kernel_build.h
 class CudaReducer : public Reducer {
  public:
   // `smsForNccl`: SMs its kernels leave to NCCL's (reduce_kernels.h).
-  CudaReducer(int device, cudaStream_t stream, int smsForNccl = kSmsForNccl)
+  CudaReducer(int device, cudaStream_t stream, int smsForNccl)
       : device_(device), stream_(stream), smsForNccl_(smsForNccl) {}
 
   void reduce(void* out0, void* out1, const void* a, const void* b, size_t n,

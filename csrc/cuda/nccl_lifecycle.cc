@@ -39,7 +39,7 @@ void backOff(int rounds) {
 
 #define RC_GPU(call) check(api_->call, #call)
 
-NcclTransport::NcclTransport(const NcclTransportOptions& options)
+NcclTransport::NcclTransport(const CudaTransportOptions& options)
     : options_(options),
       queue_(options.slots),
       publications_(options.rank, options.worldSize, options.publishBytes) {
@@ -50,7 +50,7 @@ NcclTransport::NcclTransport(const NcclTransportOptions& options)
   RC_CHECK(options_.slots >= 2, "NcclTransport needs at least 2 slots per direction");
   RC_CHECK(options_.slotBytes >= 16, "NcclTransport slots must hold at least 16 bytes");
   RC_CHECK(options_.timeoutSeconds > 0, "the timeout must be positive");
-  api_ = options_.api != nullptr ? options_.api : &loadGpuApi(options_.nccl);
+  api_ = options_.api != nullptr ? options_.api : &loadGpuApi({options_.library, options_.libraryHint});
   try {
     create();
   } catch (...) {

@@ -37,30 +37,13 @@
 #include <thread>
 #include <vector>
 
+#include "cuda/cuda_options.h"
 #include "cuda/gpu_api.h"
 #include "cuda/group_queue.h"
 #include "cuda/publications.h"
 #include "ringcomm/transport.h"
 
 namespace ringcomm {
-
-struct NcclTransportOptions {
-  int rank = 0;
-  int worldSize = 1;
-  int device = 0;
-  std::string uniqueId;           // ncclUniqueId's 128 bytes, shared by rank 0
-  size_t slotBytes = 4 << 20;     // largest staged message; the executor slices to fit
-  int slots = 8;                  // staging buffers per direction; slots/2 columns per wave
-  // Largest publication per rank and phase (0: none, the one-hop algorithms are not offered).
-  // Costs (2 x worldSize + 2) x publishBytes of device memory, allocated once.
-  size_t publishBytes = 0;
-  double timeoutSeconds = 600.0;  // init, each NCCL call, each collective
-  // A ring collective requested again on the same buffers is recorded as a CUDA graph, which
-  // later calls launch: one launch instead of every step's NCCL group and kernel.
-  bool recordGraphs = true;
-  NcclSearch nccl;                // where loadGpuApi looks for NCCL
-  const GpuApi* api = nullptr;    // the CUDA and NCCL functions (null: loadGpuApi(nccl))
-};
 
 // A call on a non-blocking communicator may return ncclInProgress (NCCL returns the
 // communicator's state from each call): the operation was taken and completes later, so a group
@@ -69,7 +52,7 @@ inline bool ncclPosted(ncclResult_t rc) { return rc == ncclSuccess || rc == nccl
 
 class NcclTransport : public Transport {
  public:
-  explicit NcclTransport(const NcclTransportOptions& options);
+  explicit NcclTransport(const CudaTransportOptions& options);
   ~NcclTransport() override;
   NcclTransport(const NcclTransport&) = delete;
   NcclTransport& operator=(const NcclTransport&) = delete;
@@ -157,7 +140,7 @@ class NcclTransport : public Transport {
   }
   cudaEvent_t sendReady(uint64_t id) const { return sendReady_[id % sendReady_.size()]; }
 
-  NcclTransportOptions options_;
+  CudaTransportOptions options_;
   const GpuApi* api_ = nullptr;
   ncclComm_t comm_ = nullptr;
 

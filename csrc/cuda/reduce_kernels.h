@@ -12,10 +12,6 @@
 namespace ringcomm {
 inline namespace RC_KERNEL_BUILD {
 
-// SMs a reduction leaves to NCCL's own CTAs by default (its send/recv kernels overlap ours; NCCL
-// uses a few channels per peer, one CTA each); CommOptions.nccl_sms sets it per communicator.
-constexpr int kSmsForNccl = 8;
-
 struct ReduceLaunch {
   void* out0 = nullptr;  // either output may be null; outputs may alias a or b
   void* out1 = nullptr;
@@ -30,7 +26,9 @@ struct ReduceLaunch {
   RedOp op = RedOp::Sum;
   int divisor = 1;      // AVG divides the result by this when `finalize` is set
   bool finalize = false;
-  int smsForNccl = kSmsForNccl;  // SMs the kernel leaves free
+  // SMs the kernel leaves to NCCL's own CTAs (its send/recv kernels overlap ours; NCCL uses a
+  // few channels per peer, one CTA each): CommOptions.nccl_sms, set by the caller.
+  int smsForNccl = 0;
   int device = -1;  // the current device, whose SM count sizes the grid (-1: ask CUDA)
 };
 
@@ -49,7 +47,7 @@ struct ConvertLaunch {
   bool srcIsWire = false;
   size_t n = 0;  // elements
   DataType wireType = DataType::BFloat16;
-  int smsForNccl = kSmsForNccl;
+  int smsForNccl = 0;  // as in ReduceLaunch
   int device = -1;  // as in ReduceLaunch
 };
 

@@ -8,7 +8,8 @@
 // -fsanitize=kernel-address, whose every load and store lands in the hooks below), which checks
 // that every output byte is written exactly once and that nothing outside the operands is touched.
 //
-// Usage: sweep --sms N --resident R [--seed S] [--nccl-sms K] [--large-ops all|first]
+// Usage: sweep --sms N --resident R --nccl-sms K [--seed S] [--large-ops all|first]
+// (K: SMs left to NCCL, the nccl_sms option; the test passes its default from ringcomm.options)
 // Prints one summary line; exits 1 after listing the first failures.
 #include <algorithm>
 #include <cstdio>
@@ -31,7 +32,7 @@ using namespace ringcomm;
 struct Options {
   int sms = 1;
   int resident = 3;
-  int ncclSms = kSmsForNccl;
+  int ncclSms = -1;  // --nccl-sms, required
   uint64_t seed = 1;
   bool largeForEveryOp = true;  // the counts past two grid strides for every op, or the first
 };
@@ -382,6 +383,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "unknown option %s\n", key.c_str());
       return 2;
     }
+  }
+  if (o.ncclSms < 0) {
+    std::fprintf(stderr, "--nccl-sms is required\n");
+    return 2;
   }
   hostkern::deviceProperties() = {o.sms, o.resident};
   hostkern::setShuffleSeed(o.seed);

@@ -21,8 +21,9 @@
 
 namespace ringcomm {
 
+// Set by the caller (the Python layer passes CommOptions' resolved values).
 struct CommunicatorOptions {
-  size_t sliceBytes = 256 * 1024;
+  size_t sliceBytes = 0;
   AlgorithmThresholds thresholds;  // what Auto picks (algorithms.h)
 };
 
@@ -66,7 +67,7 @@ class Communicator {
   // Shared ownership so the Python layer can build the transport (it needs a name exchange
   // first) and hand it over.
   Communicator(int rank, int worldSize, std::shared_ptr<Transport> transport,
-               std::shared_ptr<Reducer> reducer, CommunicatorOptions options = {});
+               std::shared_ptr<Reducer> reducer, CommunicatorOptions options);
 
   int rank() const { return rank_; }
   int worldSize() const { return worldSize_; }

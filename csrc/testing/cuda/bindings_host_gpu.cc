@@ -101,8 +101,9 @@ void bindHostGpu(py::module_& testing) {
   auto release = py::call_guard<py::gil_scoped_release>();
   py::class_<HostGpuRing, std::shared_ptr<HostGpuRing>>(m, "Ring")
       .def(py::init([](int rank, int worldSize, const py::bytes& uniqueId, size_t sliceBytes,
-                       int slots, size_t publishBytes, double timeout, bool cudaGraphs) {
-             NcclTransportOptions o;
+                       int slots, size_t publishBytes, double timeout, bool cudaGraphs,
+                       int smsForNccl) {
+             CudaTransportOptions o;
              o.rank = rank;
              o.worldSize = worldSize;
              o.uniqueId = uniqueId;
@@ -111,18 +112,19 @@ void bindHostGpu(py::module_& testing) {
              o.publishBytes = publishBytes;
              o.timeoutSeconds = timeout;
              o.recordGraphs = cudaGraphs;
+             o.smsForNccl = smsForNccl;
              o.api = &hostgpu::api();
              py::gil_scoped_release unlocked;  // creation waits for every rank
              auto ring = std::make_shared<HostGpuRing>();
              ring->transport = std::make_shared<NcclTransport>(o);
              runKernelsOnHostStreams();
              ring->reducer = hostkern::makeCudaReducer(o.device, ring->transport->computeStream(),
-                                                       kSmsForNccl);
+                                                       o.smsForNccl);
              return ring;
            }),
            py::arg("rank"), py::arg("world_size"), py::arg("unique_id"),
-           py::arg("slice_bytes") = 4 << 20, py::arg("slots") = 8, py::arg("publish_bytes") = 0,
-           py::arg("timeout") = 20.0, py::arg("cuda_graphs") = true)
+           py::arg("slice_bytes"), py::arg("slots"), py::arg("publish_bytes"), py::arg("timeout"),
+           py::arg("cuda_graphs"), py::arg("nccl_sms"))
       .def_property_readonly("transport",
                              [](const HostGpuRing& r) -> std::shared_ptr<Transport> {
                                return r.transport;
