@@ -66,49 +66,30 @@ __device__ __forceinline__ void mixedAt(const MixedParams& p, size_t i) {
   if (p.out0) p.out0[i] = r;
 }
 
-// Written out rather than through walk(): through walk() ptxas gives some of these 44-48
-// register kernels 56-60 registers (one block per SM fewer).
 template <typename W, RedOp Op>
 __global__ void __launch_bounds__(kThreads) mixedReduceKernel(const MixedParams p) {
-  const size_t tid = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
-  const size_t stride = gridDim.x * static_cast<size_t>(blockDim.x);
-
-  for (size_t i = tid; i < p.head; i += stride) mixedAt<W, Op>(p, i);
-
-  const uint4* va = reinterpret_cast<const uint4*>(p.a + p.head);  // two per vector
-  const uint4* vb = reinterpret_cast<const uint4*>(p.b + p.head);
-  uint4* vo0 = p.out0 ? reinterpret_cast<uint4*>(p.out0 + p.head) : nullptr;
-  uint4* vo1 = p.out1 ? reinterpret_cast<uint4*>(p.out1 + p.head) : nullptr;
-  for (size_t base = tid; base < p.vecs; base += stride * kWireUnroll) {
-    FloatVec x[kWireUnroll];
-    WireVec y[kWireUnroll];
-#pragma unroll
-    for (int u = 0; u < kWireUnroll; ++u) {
-      const size_t i = base + u * stride;
-      if (i < p.vecs) {
-        loadFloats(x[u], va, i);
-        y[u].raw = vb[i];
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kWireUnroll; ++u) {
-      const size_t i = base + u * stride;
-      if (i < p.vecs) {
+  walk<kWirePerVec, kWireUnroll, FloatVec, WireVec>(
+      p, [&](size_t i) { mixedAt<W, Op>(p, i); },
+      [&] {  // a: float32 (two uint4 per vector), b: the wire
+        return Views{vecIn(p.a, p.head), vecIn(p.b, p.head), vecOut(p.out0, p.head),
+                     vecOut(p.out1, p.head)};
+      },
+      [&](const Views& v, FloatVec& x, WireVec& y, size_t i) {
+        loadFloats(x, v.a, i);
+        y.raw = v.b[i];
+      },
+      [&](const Views& v, FloatVec& x, WireVec& y, size_t i) {
 #pragma unroll
         for (int k = 0; k < kWirePerVec; ++k) {
-          float r = mixedValue<W, Op>(x[u].e[k], y[u].e[k], p);
-          if (vo1) {
-            y[u].e[k] = W::store(r);
-            r = W::load(y[u].e[k]);
+          float r = mixedValue<W, Op>(x.e[k], y.e[k], p);
+          if (v.o1) {
+            y.e[k] = W::store(r);
+            r = W::load(y.e[k]);
           }
-          x[u].e[k] = r;
+          x.e[k] = r;
         }
-        storeBoth({nullptr, nullptr, vo0, vo1}, x[u], y[u], i);
-      }
-    }
-  }
-
-  for (size_t i = p.head + p.vecs * kWirePerVec + tid; i < p.n; i += stride) mixedAt<W, Op>(p, i);
+        storeBoth(v, x, y, i);
+      });
 }
 
 // -- convert: out0 (float32) and out1 (W) from src ------------------------------------------------

@@ -93,6 +93,8 @@ void bindTables(py::module_& m) {
   bindAlgorithmTable(m);
   bindCollectiveTable(m);
   m.def("dtype_size", &dataTypeSize);
+  m.def("dtype_is_floating", &isFloatingPoint, py::arg("dtype"),
+        "Whether dtype is a floating-point type (has NaN and Inf; the table in types.h).");
   m.def(
       "op_supported", [](RedOp op, DataType type) { return opSupported(op, type); },
       py::arg("op"), py::arg("dtype"), "Whether op is defined for dtype (the table in types.h).");
