@@ -41,7 +41,7 @@ def _host_time(fn, iters):
 
 
 def _rank(rank, world, store_path, sizes_mib, iters, warmup, slices, out_path):
-    from ringcomm import _C, cuda_backend
+    from ringcomm import _C, _testing, cuda_backend
 
     os.environ.update(cuda_backend.shared_gpu_env(rank))
     torch.cuda.set_device(0)
@@ -77,7 +77,7 @@ def _rank(rank, world, store_path, sizes_mib, iters, warmup, slices, out_path):
             t_ours = _time(ours, iters, warmup)
             host = _host_time(ours, iters)
             # One NCCL group per receive: 2(n-1) steps of `columns` slices each.
-            columns = _C.testing.column_count(_C.Collective.all_reduce, world, n, slice_bytes // 4)
+            columns = _testing.column_count(_C.Collective.all_reduce, world, n, slice_bytes // 4)
             receives = 2 * (world - 1) * columns
             x.fill_(float(rank + 1))
             ours()

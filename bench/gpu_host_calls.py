@@ -12,9 +12,9 @@ import threading
 
 import torch
 
-from ringcomm import _C
+from ringcomm import _C, _testing
 
-host_gpu = _C.testing.host_gpu
+host_gpu = _testing.host_gpu
 # Left out of the call count: the watchdog's polls (as many as time allows, on its own thread;
 # a NotReady poll's cudaGetLastError too) and this script's own synchronize.
 POLLS = {"cudaEventQuery", "ncclCommGetAsyncError", "cudaGetLastError", "cudaStreamSynchronize"}

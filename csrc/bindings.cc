@@ -41,10 +41,6 @@ void registerErrors(py::module_& m) {
 
 }  // namespace
 
-namespace ringcomm {
-void bindTesting(py::module_& m);  // testing/bindings_testing.cc: ringcomm._C.testing
-}
-
 PYBIND11_MODULE(_C, m) {
   m.doc() = "ringcomm's C++ core: ring schedules, executor, CPU and CUDA backends";
   registerErrors(m);
@@ -53,7 +49,6 @@ PYBIND11_MODULE(_C, m) {
   python::bindRequest(m);
   python::bindTransports(m);
   python::bindCommunicator(m);
-  bindTesting(m);  // before bindCuda, which adds to m.testing
 #ifdef RINGCOMM_WITH_CUDA
   bindCuda(m);
 #endif

@@ -1,6 +1,6 @@
 """The real NcclTransport without a GPU: ranks are threads of this process, each with a
 ringcomm.Communicator whose CPU tensors go through NcclTransport over the host implementation of
-CUDA and NCCL (_C.testing.host_gpu, csrc/testing/cuda/host_gpu.h) and the CPU reducer launched
+CUDA and NCCL (_testing.host_gpu, csrc/testing/cuda/host_gpu.h) and the CPU reducer launched
 on its compute stream. Every collective ends on the calling thread's default stream, which the wrapper
 waits for, so a test reads results as on the CPU path."""
 import contextlib
@@ -11,13 +11,13 @@ import pytest
 import torch.distributed as dist
 
 import ringcomm
-from ringcomm import _C, backends
+from ringcomm import _C, _testing, backends
 from ringcomm.rendezvous import Rendezvous
 
 if not _C.build_info()["cuda"]:
     pytest.skip("built without CUDA: no NcclTransport to drive", allow_module_level=True)
 
-host_gpu = _C.testing.host_gpu
+host_gpu = _testing.host_gpu
 
 # What the core communicator runs on the caller's stream (here its default stream).
 _STREAM_ORDERED = {"run", "send", "recv", "send_recv_batch", "all_to_all"}

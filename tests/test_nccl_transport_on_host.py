@@ -1,5 +1,5 @@
 """The NcclTransport that ships, driven without a GPU: every CUDA and NCCL call it makes goes to
-the host implementation (_C.testing.host_gpu), which moves real bytes with NCCL's pairing,
+the host implementation (_testing.host_gpu), which moves real bytes with NCCL's pairing,
 group and stream semantics and records misuse. Exact results for every plan at worlds 2-8,
 then the failure paths: a dead peer, a skipped collective, a missing peer, mismatched sizes."""
 import gc

@@ -1,4 +1,4 @@
-// ringcomm._C.testing.host_gpu: the real NcclTransport over the host implementation of CUDA and
+// ringcomm._testing.host_gpu: the real NcclTransport over the host implementation of CUDA and
 // NCCL (host_gpu.h), reducing with the real CudaReducer and its kernels executed on the CPU
 // (kernel_runtime.h), for the CPU tests. Ranks are threads of one process.
 #include <pybind11/pybind11.h>
