@@ -53,7 +53,7 @@ def _rank(rank, world, store_path, sizes_mib, iters, warmup, slices, out_path):
     # Slots as large as the largest slice; each measurement sets the slice it wants.
     # A short timeout: a hang costs the check seconds and still reports the rows before it.
     search = cuda_backend.nccl_search()
-    ring = _C.CudaRing(rank, world, 0, store.get("ringcomm-bench-id"), slice_bytes=max(slices),
+    ring = _C.CudaTransportAndReducer(rank, world, 0, store.get("ringcomm-bench-id"), slice_bytes=max(slices),
                        timeout=20.0, library_hint=search["hint"], library=search["library"])
     comm = _C.Communicator(rank, world, ring.transport, ring.reducer, max(slices))
     ring.release()

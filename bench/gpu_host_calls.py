@@ -29,7 +29,7 @@ def counts_per_call(world, mib, slice_mib, calls=2, cuda_graphs=True):
 
     def rank_main(rank):
         try:
-            ring = host_gpu.Ring(rank, world, uid, slice_bytes=slice_bytes, slots=8, timeout=300,
+            ring = host_gpu.TransportAndReducer(rank, world, uid, slice_bytes=slice_bytes, slots=8, timeout=300,
                                  cuda_graphs=cuda_graphs)
             comm = _C.Communicator(rank, world, ring.transport, ring.reducer, slice_bytes)
             buf = torch.ones(count)

@@ -1,5 +1,5 @@
-// The CUDA part of ringcomm._C: device queries, NCCL loading and the CUDA ring (transport and
-// reducer) the core Communicator runs. Compiled only with RINGCOMM_WITH_CUDA; needs no CUDA
+// The CUDA part of ringcomm._C: device queries, NCCL loading and the CUDA transport and reducer
+// the core Communicator runs. Compiled only with RINGCOMM_WITH_CUDA; needs no CUDA
 // header itself.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -32,8 +32,8 @@ void bindCuda(py::module_& m) {
   m.def("nccl_unique_id", [](const std::string& library, const std::string& hint) {
         return py::bytes(makeNcclUniqueId(library, hint));
       }, py::arg("library") = "", py::arg("hint") = "");
-  py::class_<CudaRing, std::shared_ptr<CudaRing>>(
-      m, "CudaRing",
+  py::class_<CudaTransportAndReducer, std::shared_ptr<CudaTransportAndReducer>>(
+      m, "CudaTransportAndReducer",
       "The NCCL transport and CUDA reducer of a communicator on one GPU; pass .transport and "
       ".reducer to Communicator. Every rank of the ring constructs it together. publish_bytes: "
       "the largest publication of the one-hop algorithms (one_shot, two_shot) per rank and "
@@ -57,7 +57,7 @@ void bindCuda(py::module_& m) {
              o.publishBytes = publishBytes;
              o.recordGraphs = cudaGraphs;
              py::gil_scoped_release unlocked;  // NCCL init waits for every rank
-             return std::make_shared<CudaRing>(o);
+             return std::make_shared<CudaTransportAndReducer>(o);
            }),
            py::arg("rank"), py::arg("world_size"), py::arg("device"), py::arg("unique_id"),
            py::arg("slice_bytes") = 4 << 20, py::arg("slots") = 8, py::arg("timeout") = 600.0,
@@ -65,12 +65,14 @@ void bindCuda(py::module_& m) {
            py::arg("nccl_sms") = kSmsForNccl,
            py::arg("publish_bytes") = CudaRingOptions{}.publishBytes,
            py::arg("cuda_graphs") = true)
-      .def_property_readonly("transport", &CudaRing::transport)
-      .def_property_readonly("reducer", &CudaRing::reducer)
-      .def("query", &CudaRing::query, release)
-      .def("synchronize", &CudaRing::synchronize, py::arg("timeout") = 0.0, release)
-      .def("abort", &CudaRing::abort, py::arg("why") = "aborted by the user", release)
-      .def("release", &CudaRing::release, release);
+      .def_property_readonly("transport", &CudaTransportAndReducer::transport)
+      .def_property_readonly("reducer", &CudaTransportAndReducer::reducer)
+      .def("query", &CudaTransportAndReducer::query, release)
+      .def("synchronize", &CudaTransportAndReducer::synchronize, py::arg("timeout") = 0.0,
+           release)
+      .def("abort", &CudaTransportAndReducer::abort, py::arg("why") = "aborted by the user",
+           release)
+      .def("release", &CudaTransportAndReducer::release, release);
 }
 
 }  // namespace ringcomm

@@ -65,7 +65,7 @@ def available():
 
 
 def create(rendezvous, device_index, options, ordinal=0):
-    """A _C.Communicator over a _C.CudaRing on `device_index`, configured by resolved
+    """A _C.Communicator over a _C.CudaTransportAndReducer on `device_index`, configured by resolved
     CommOptions; every rank of the group calls this together.
 
     The NCCL id is published under this communicator's rendezvous prefix and `ordinal` (the
@@ -88,7 +88,7 @@ def create(rendezvous, device_index, options, ordinal=0):
         rendezvous.publish(key, _C.nccl_unique_id(**search))
     unique_id = rendezvous.read(key, 0)
     slice_bytes = options.slice_bytes or options.cuda_slice_bytes
-    ring = _C.CudaRing(rendezvous.rank, rendezvous.world_size, device_index, unique_id,
+    ring = _C.CudaTransportAndReducer(rendezvous.rank, rendezvous.world_size, device_index, unique_id,
                        slice_bytes=slice_bytes, timeout=options.timeout,
                        library_hint=search["hint"], library=search["library"],
                        nccl_sms=options.nccl_sms, cuda_graphs=options.cuda_graphs)

@@ -49,7 +49,7 @@ def host_nccl_backend(slice_bytes=256, slots=4, publish_bytes=0, timeout=20.0, c
         key = f"host-nccl-id/{ordinal}"
         if rendezvous.rank == 0:
             rendezvous.publish(key, host_gpu.unique_id())
-        ring = host_gpu.Ring(rendezvous.rank, rendezvous.world_size, rendezvous.read(key, 0),
+        ring = host_gpu.TransportAndReducer(rendezvous.rank, rendezvous.world_size, rendezvous.read(key, 0),
                              slice_bytes=slice_bytes, slots=slots, publish_bytes=publish_bytes,
                              timeout=timeout, cuda_graphs=cuda_graphs)
         comm = _C.Communicator(rendezvous.rank, rendezvous.world_size, ring.transport,

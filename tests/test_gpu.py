@@ -322,7 +322,7 @@ def _on_ring(rank, world, body, **params):
         store.set("ringcomm-nccl-id", _C.nccl_unique_id(hint=hint))
     uid = store.get("ringcomm-nccl-id")
     # 1 MiB slices: ranks time-slice one GPU, so fewer, larger messages.
-    ring = _C.CudaRing(rank, world, 0, uid, slice_bytes=SLICE_BYTES, timeout=RING_TIMEOUT,
+    ring = _C.CudaTransportAndReducer(rank, world, 0, uid, slice_bytes=SLICE_BYTES, timeout=RING_TIMEOUT,
                        library_hint=hint, publish_bytes=PUBLISH_BYTES)
     comm = _C.Communicator(rank, world, ring.transport, ring.reducer, SLICE_BYTES)
     try:
@@ -365,7 +365,7 @@ def _expected(op, world, n, dtype):
 # 1 MiB slices, and the odd counts give chunks that end off the 16-byte grid.
 COLLECTIVE_COUNTS = [0, 1, 7, 1000, 65539, (1 << 20) + 3]
 SLICE_BYTES = 1 << 20
-PUBLISH_BYTES = 1 << 20  # publications of the one-hop algorithms (CudaRing offers none by default)
+PUBLISH_BYTES = 1 << 20  # publications of the one-hop algorithms (CudaTransportAndReducer offers none by default)
 REDUCE_CASES = [("float32", "sum"), ("bfloat16", "sum"), ("float16", "avg"), ("int32", "sum"),
                 ("int64", "max"), ("float32", "prod"), ("float64", "min"), ("int8", "avg")]
 
@@ -566,7 +566,7 @@ def test_missing_peer_times_out_at_creation():
     of hanging."""
     uid = _C.nccl_unique_id(**cuda_backend.nccl_search())
     with pytest.raises(_C.CommTimeoutError, match="creating the NCCL communicator.*rank 0 of 2"):
-        _C.CudaRing(0, 2, 0, uid, timeout=5.0, library_hint=cuda_backend.nccl_library_hint())
+        _C.CudaTransportAndReducer(0, 2, 0, uid, timeout=5.0, library_hint=cuda_backend.nccl_library_hint())
 
 
 def _api_all_reduce(rank, world):

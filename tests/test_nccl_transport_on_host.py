@@ -158,7 +158,7 @@ def test_a_peer_that_never_joins_gives_a_timeout_at_creation():
         uid = host_gpu.unique_id()
         start = time.monotonic()
         with pytest.raises(_C.CommTimeoutError, match="creating the NCCL communicator.*rank 0 of 2"):
-            host_gpu.Ring(0, 2, uid, timeout=TIMEOUT)
+            host_gpu.TransportAndReducer(0, 2, uid, timeout=TIMEOUT)
         assert time.monotonic() - start < TIMEOUT + 3
     assert host_gpu.violations() == []
 
@@ -225,7 +225,7 @@ def _two_rings(publish_bytes=PUBLISH_BYTES):
     uid, rings = host_gpu.unique_id(), [None, None]
 
     def make(rank):
-        rings[rank] = host_gpu.Ring(rank, 2, uid, slice_bytes=256, slots=4,
+        rings[rank] = host_gpu.TransportAndReducer(rank, 2, uid, slice_bytes=256, slots=4,
                                     publish_bytes=publish_bytes, timeout=TIMEOUT)
 
     threads = [threading.Thread(target=make, args=(r,)) for r in range(2)]

@@ -16,11 +16,11 @@ void checkWireType(DataType type, DataType wireType) {
            dataTypeName(wireType), " (a 16-bit wire is for float32 tensors)");
 }
 
-void Reducer::convert(void* out0, void* out1, const void* src, bool srcIsWire, size_t n,
+void Reducer::convert(void* result, void* message, const void* src, bool srcIsWire, size_t n,
                       const ReduceSpec& spec) {
   RC_CHECK(spec.type == spec.wireType, "this device cannot send ", dataTypeName(spec.type),
            " data as ", dataTypeName(spec.wireType));
-  copy(out0, out1, src, n * dataTypeSize(spec.type));
+  copy(result, message, src, n * dataTypeSize(spec.type));
   (void)srcIsWire;
 }
 

@@ -1,5 +1,5 @@
-// Device queries and the CUDA ring behind cuda_backend.h; the only place that wires the NCCL
-// transport, the CUDA reducer and the core communicator together.
+// Device queries and the CUDA transport and reducer behind cuda_backend.h; the only place that
+// wires the NCCL transport, the CUDA reducer and the core communicator together.
 #include "cuda/cuda_backend.h"
 
 #include <cuda_runtime_api.h>
@@ -52,7 +52,7 @@ std::string makeNcclUniqueId(const std::string& library, const std::string& hint
   return std::string(id.internal, sizeof(id.internal));
 }
 
-CudaRing::CudaRing(const CudaRingOptions& options) {
+CudaTransportAndReducer::CudaTransportAndReducer(const CudaRingOptions& options) {
   RC_CHECK(options.device >= 0 && options.device < cudaDeviceCount(), "CUDA device ",
            options.device, " does not exist (this process sees ", cudaDeviceCount(), ")");
   NcclTransportOptions t;
@@ -71,26 +71,26 @@ CudaRing::CudaRing(const CudaRingOptions& options) {
                                            options.smsForNccl);
 }
 
-CudaRing::~CudaRing() = default;
+CudaTransportAndReducer::~CudaTransportAndReducer() = default;
 
-std::shared_ptr<Transport> CudaRing::transport() const { return transport_; }
-std::shared_ptr<Reducer> CudaRing::reducer() const { return reducer_; }
+std::shared_ptr<Transport> CudaTransportAndReducer::transport() const { return transport_; }
+std::shared_ptr<Reducer> CudaTransportAndReducer::reducer() const { return reducer_; }
 
-bool CudaRing::query() {
-  RC_CHECK(transport_ != nullptr, "this CUDA ring was released");
+bool CudaTransportAndReducer::query() {
+  RC_CHECK(transport_ != nullptr, "this CUDA transport and reducer were released");
   return transport_->query();
 }
 
-void CudaRing::synchronize(double timeoutSeconds) {
-  RC_CHECK(transport_ != nullptr, "this CUDA ring was released");
+void CudaTransportAndReducer::synchronize(double timeoutSeconds) {
+  RC_CHECK(transport_ != nullptr, "this CUDA transport and reducer were released");
   transport_->synchronize(timeoutSeconds);
 }
 
-void CudaRing::abort(const std::string& why) {
+void CudaTransportAndReducer::abort(const std::string& why) {
   if (transport_) transport_->abort(why);
 }
 
-void CudaRing::release() {
+void CudaTransportAndReducer::release() {
   reducer_.reset();
   transport_.reset();
 }

@@ -59,10 +59,10 @@ struct CudaRingOptions {
 // The CUDA half of a ringcomm communicator on one GPU: an NCCL transport (non-blocking NCCL
 // communicator, watchdog) and a CUDA reducer on its compute stream. The core Communicator runs
 // them (ringcomm/cuda_backend.py builds one); this handle adds the host-side waits.
-class CudaRing {
+class CudaTransportAndReducer {
  public:
-  explicit CudaRing(const CudaRingOptions& options);
-  ~CudaRing();
+  explicit CudaTransportAndReducer(const CudaRingOptions& options);
+  ~CudaTransportAndReducer();
 
   std::shared_ptr<Transport> transport() const;
   std::shared_ptr<Reducer> reducer() const;
@@ -71,7 +71,8 @@ class CudaRing {
   // Host wait for them; aborts and raises TimeoutError past the deadline (<= 0: the timeout).
   void synchronize(double timeoutSeconds);
   void abort(const std::string& why);
-  // Drops this handle's references (the communicator keeps the ring alive until it closes).
+  // Drops this handle's references (the communicator keeps the transport and reducer alive
+  // until it closes).
   void release();
 
  private:

@@ -2,8 +2,9 @@
 // that ringcomm._C holds none (plan geometry, the CPU reducer, the yield gate; with CUDA the
 // kernels, a ring's publications and host_gpu). It links the same objects of the C++ core as
 // _C and imports _C first, so the classes and enums _C registers (DataType, Transport,
-// Reducer, CudaRing, ...) are the ones its functions take and return; what the core keeps in
-// process-wide variables (the yield gate, the interrupt check) this module has a copy of.
+// Reducer, CudaTransportAndReducer, ...) are the ones its functions take and return; what the
+// core keeps in process-wide variables (the yield gate, the interrupt check) this module has a
+// copy of (docs/design.md, "The testing module").
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -38,12 +39,12 @@ void bindCpuEntryPoints(py::module_& testing) {
       py::arg("collective"), py::arg("world_size"), py::arg("count"), py::arg("slice_elems"));
   testing.def(
       "cpu_reduce",
-      [](uintptr_t out0, uintptr_t out1, uintptr_t a, uintptr_t b, size_t n, DataType type,
+      [](uintptr_t result, uintptr_t message, uintptr_t a, uintptr_t b, size_t n, DataType type,
          RedOp op, int divisor, bool finalize, std::optional<DataType> wire) {
-        CpuReducer().reduce(address(out0), address(out1), address(a), address(b), n,
+        CpuReducer().reduce(address(result), address(message), address(a), address(b), n,
                             ReduceSpec{type, op, divisor, wire.value_or(type)}, finalize);
       },
-      py::arg("out0"), py::arg("out1"), py::arg("a"), py::arg("b"), py::arg("n"),
+      py::arg("result"), py::arg("message"), py::arg("a"), py::arg("b"), py::arg("n"),
       py::arg("dtype"), py::arg("op"), py::arg("divisor") = 1, py::arg("finalize") = false,
       py::arg("wire_dtype") = py::none(), py::call_guard<py::gil_scoped_release>());
 

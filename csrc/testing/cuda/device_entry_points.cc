@@ -15,57 +15,58 @@
 
 namespace ringcomm::testing {
 
-void reduceOnDevice(uintptr_t out0, uintptr_t out1, uintptr_t a, uintptr_t b, size_t n,
+void reduceOnDevice(uintptr_t result, uintptr_t message, uintptr_t a, uintptr_t b, size_t n,
                     DataType type, RedOp op, int divisor, bool finalize,
                     uintptr_t stream, DataType wireType, int smsForNccl) {
-  ReduceLaunch l;
-  l.out0 = reinterpret_cast<void*>(out0);
-  l.out1 = reinterpret_cast<void*>(out1);
-  l.a = reinterpret_cast<const void*>(a);
-  l.b = reinterpret_cast<const void*>(b);
-  l.n = n;
-  l.type = type;
-  if (wireType != type) l.wireType = wireType;
-  l.op = op;
-  l.divisor = divisor;
-  l.finalize = finalize;
-  l.smsForNccl = smsForNccl;
-  launchReduce(l, reinterpret_cast<void*>(stream));
+  ReduceLaunch launch;
+  launch.result = reinterpret_cast<void*>(result);
+  launch.message = reinterpret_cast<void*>(message);
+  launch.a = reinterpret_cast<const void*>(a);
+  launch.b = reinterpret_cast<const void*>(b);
+  launch.n = n;
+  launch.type = type;
+  if (wireType != type) launch.wireType = wireType;
+  launch.op = op;
+  launch.divisor = divisor;
+  launch.finalize = finalize;
+  launch.smsForNccl = smsForNccl;
+  launchReduce(launch, reinterpret_cast<void*>(stream));
 }
 
-void convertOnDevice(uintptr_t out0, uintptr_t out1, uintptr_t src, bool srcIsWire, size_t n,
+void convertOnDevice(uintptr_t result, uintptr_t message, uintptr_t src, bool srcIsWire, size_t n,
                      DataType wireType, uintptr_t stream, int smsForNccl) {
-  ConvertLaunch l;
-  l.out0 = reinterpret_cast<void*>(out0);
-  l.out1 = reinterpret_cast<void*>(out1);
-  l.src = reinterpret_cast<const void*>(src);
-  l.srcIsWire = srcIsWire;
-  l.n = n;
-  l.wireType = wireType;
-  l.smsForNccl = smsForNccl;
-  launchConvert(l, reinterpret_cast<void*>(stream));
+  ConvertLaunch launch;
+  launch.result = reinterpret_cast<void*>(result);
+  launch.message = reinterpret_cast<void*>(message);
+  launch.src = reinterpret_cast<const void*>(src);
+  launch.srcIsWire = srcIsWire;
+  launch.n = n;
+  launch.wireType = wireType;
+  launch.smsForNccl = smsForNccl;
+  launchConvert(launch, reinterpret_cast<void*>(stream));
 }
 
-void copyOnDevice(uintptr_t out0, uintptr_t out1, uintptr_t src, size_t bytes, uintptr_t stream) {
+void copyOnDevice(uintptr_t result, uintptr_t message, uintptr_t src, size_t bytes,
+                  uintptr_t stream) {
   int device = 0;
   RC_CUDA_CHECK(cudaGetDevice(&device));
   CudaReducer reducer(device, reinterpret_cast<cudaStream_t>(stream));
-  reducer.copy(reinterpret_cast<void*>(out0), reinterpret_cast<void*>(out1),
+  reducer.copy(reinterpret_cast<void*>(result), reinterpret_cast<void*>(message),
                reinterpret_cast<const void*>(src), bytes);
 }
 
-void publicationRound(CudaRing& ring, int rank, uintptr_t stream,
+void publicationRound(CudaTransportAndReducer& handle, int rank, uintptr_t stream,
                       const std::vector<uintptr_t>& sources,
                       const std::vector<size_t>& bytesPerRank,
                       const std::vector<std::vector<uintptr_t>>& outputs) {
-  RC_CHECK(ring.transport() != nullptr, "this CUDA ring was released");
+  RC_CHECK(handle.transport() != nullptr, "this CUDA transport and reducer were released");
   RC_CHECK(sources.size() == outputs.size() && !sources.empty() && sources.size() <= 2,
            "one source and one row of outputs per phase (1 or 2 phases)");
   const size_t world = bytesPerRank.size();
   RC_CHECK(rank >= 0 && static_cast<size_t>(rank) < world, "rank ", rank, " outside ", world);
   for (const auto& row : outputs) RC_CHECK(row.size() == world, "one output per rank");
-  Transport& transport = *ring.transport();
-  Reducer& reducer = *ring.reducer();
+  Transport& transport = *handle.transport();
+  Reducer& reducer = *handle.reducer();
   const bool uneven =
       std::any_of(bytesPerRank.begin(), bytesPerRank.end(),
                   [&](size_t b) { return b != bytesPerRank[rank]; });
