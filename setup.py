@@ -106,7 +106,8 @@ class BuildWithCuda(build_ext):
         if core.cuda:
             objects += self.compile_cuda(core.cuda)
         for ext in self.extensions:
-            extra = self.compile_kernels_on_host(ext) if getattr(ext, "kernels_on_host", False) else []
+            on_host = getattr(ext, "kernels_on_host", False)
+            extra = self.compile_kernels_on_host(ext) if on_host else []
             ext.extra_objects = objects + extra
             ext.depends = ext.depends + objects + extra
         super().build_extensions()
@@ -205,7 +206,7 @@ def make_core():
         cxx_std=17,
         extra_compile_args=["-O3"],
         libraries=["rt", "pthread", "dl"],
-        depends=sorted(str(p) for p in CSRC.rglob("*.h")) + sorted(str(p) for p in CSRC.rglob("*.cuh")),
+        depends=sorted(str(p) for pattern in ("*.h", "*.cuh") for p in CSRC.rglob(pattern)),
     )
     core.cuda = None
     cuda_home = find_cuda_home()
@@ -222,7 +223,8 @@ def make_core():
             ("RINGCOMM_NCCL_HEADER_VERSION", '"' + nccl_header_version(nccl_include) + '"'),
             ("RINGCOMM_CUDA_INCLUDE", '"' + str(cuda_home / "include") + '"'),
         ]
-        core.cuda = {"nvcc": cuda_home / "bin" / "nvcc", "archs": archs, "nccl_include": nccl_include}
+        core.cuda = {"nvcc": cuda_home / "bin" / "nvcc", "archs": archs,
+                     "nccl_include": nccl_include}
     return core
 
 
