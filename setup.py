@@ -1,7 +1,13 @@
-"""Builds ringcomm._C: always the CPU core; the CUDA part too when nvcc is found.
+"""Builds ringcomm._C: always the CPU core; the CUDA part too when nvcc is found. And
+ringcomm._testing, the entry points only the tests and benchmarks call, as a module of its own.
+
+The core's sources (csrc/core, cpu, cuda, python/signal_check.cc) are compiled once and linked
+into both modules; each module adds its bindings (_C: csrc/bindings*.cc and csrc/python/bind_*;
+_testing: csrc/testing).
 
 Environment:
   RINGCOMM_CUDA=0|1         force the CUDA part off or on (default: on when nvcc is found)
+  RINGCOMM_TESTING=0|1      build ringcomm._testing (default 1; the tests need it)
   RINGCOMM_CUDA_ARCHS       GPU targets, e.g. "80,90" or "sm_80;sm_90" (default 80,90 + PTX)
   RINGCOMM_NCCL_INCLUDE     folder holding nccl.h (default: the nvidia-nccl-cu13 wheel's)
   RINGCOMM_BUILD_JOBS       parallel compile jobs (default: all cores)
@@ -85,23 +91,46 @@ def cuda_archs():
 
 
 class BuildWithCuda(build_ext):
-    """Compiles csrc/cuda/*.cu with nvcc first, then links the objects into the extension."""
+    """Compiles the core's sources once (csrc/cuda/*.cu with nvcc), then links those objects into
+    every extension with its own sources."""
 
-    def build_extension(self, ext):
+    def build_extensions(self):
         # setuptools rebuilds only when a source is newer than the module: a build with CUDA
         # switched on or off, other archs, a changed header or .cu must rebuild too.
-        config = repr(sorted(ext.define_macros))
+        core = CORE
+        config = repr(sorted(core.define_macros))
         stamp = Path(self.build_temp) / "ringcomm-build-config"
         if not stamp.exists() or stamp.read_text() != config:
             self.force = True
-        cuda = getattr(ext, "cuda", None)
-        if cuda:
-            objects = self.compile_cuda(cuda) + self.compile_kernels_on_host(ext)
-            ext.extra_objects += objects
-            ext.depends += objects
-        super().build_extension(ext)
+        objects = self.compile_core(core)
+        if core.cuda:
+            objects += self.compile_cuda(core.cuda)
+        for ext in self.extensions:
+            on_host = getattr(ext, "kernels_on_host", False)
+            extra = self.compile_kernels_on_host(ext) if on_host else []
+            ext.extra_objects = objects + extra
+            ext.depends = ext.depends + objects + extra
+        super().build_extensions()
         stamp.parent.mkdir(parents=True, exist_ok=True)
         stamp.write_text(config)
+
+    def stale(self, source, target):
+        """Whether `target` (an object) must be rebuilt from `source` (any header counts)."""
+        if self.force or not Path(target).exists():
+            return True
+        built = Path(target).stat().st_mtime
+        return any(Path(p).stat().st_mtime > built for p in [source, *CORE.depends])
+
+    def compile_core(self, core):
+        """The core's C++ sources compiled with the extensions' flags, those out of date only."""
+        out_dir = str(Path(self.build_temp) / "core")
+        objects = self.compiler.object_filenames(core.sources, output_dir=out_dir)
+        stale = [src for src, obj in zip(core.sources, objects) if self.stale(src, obj)]
+        if stale:
+            self.compiler.compile(stale, output_dir=out_dir, macros=core.define_macros,
+                                  include_dirs=core.include_dirs,
+                                  extra_postargs=core.extra_compile_args)
+        return objects
 
     def compile_cuda(self, cuda):
         archs = cuda["archs"]
@@ -118,6 +147,8 @@ class BuildWithCuda(build_ext):
 
         def run(job):
             src, obj = job
+            if not self.stale(src, obj):
+                return obj
             print(f"nvcc {Path(src).name}", flush=True)
             subprocess.check_call([str(cuda["nvcc"]), *flags, "-c", src, "-o", obj])
             return obj
@@ -139,6 +170,8 @@ class BuildWithCuda(build_ext):
 
         def run(job):
             src, obj = job
+            if not self.stale(src, obj):
+                return obj
             print(f"host build of {Path(src).name}", flush=True)
             subprocess.check_call([*compiler, *flags, "-c", src, "-o", obj])
             return obj
@@ -153,43 +186,74 @@ def kernel_sources():
     return sorted(glob.glob(str(CSRC / "cuda" / "*.cu"))) + [str(CSRC / "cuda" / "cuda_reducer.cc")]
 
 
-def make_extension():
-    # Every source folder of csrc/ (core, cpu, testing, a new host transport's) but cuda/, whose
-    # sources need the toolkit and NCCL (below).
-    sources = [str(CSRC / "bindings.cc")]
-    sources += sorted(str(p) for p in CSRC.glob("*/*.cc") if p.parent.name != "cuda")
-    ext = Pybind11Extension(
-        "ringcomm._C",
-        sources=[os.path.relpath(s, ROOT) for s in sources],
+def cc_files(folder):
+    return sorted(os.path.relpath(p, ROOT) for p in (CSRC / folder).glob("*.cc"))
+
+
+def make_core():
+    """The core: every source folder of csrc/ (core, cpu, a new host transport's) but the
+    bindings' (python/, the modules' own) and testing/, the Python interrupt check, and with
+    CUDA cuda/ (the .cu files too, compile_cuda). Not a module of its own: its objects are
+    linked into each extension."""
+    folders = sorted(p.name for p in CSRC.iterdir()
+                     if p.is_dir() and p.name not in ("include", "python", "testing", "cuda"))
+    sources = [s for folder in folders for s in cc_files(folder)]
+    sources.append(os.path.relpath(CSRC / "python" / "signal_check.cc", ROOT))
+    core = Pybind11Extension(
+        "ringcomm._core",  # never built as a module: the flags and sources the objects share
+        sources=sources,
         include_dirs=[str(CSRC / "include"), str(CSRC)],
         cxx_std=17,
         extra_compile_args=["-O3"],
         libraries=["rt", "pthread", "dl"],
-        depends=sorted(str(p) for p in CSRC.rglob("*.h")),
+        depends=sorted(str(p) for pattern in ("*.h", "*.cuh") for p in CSRC.rglob(pattern)),
     )
-    ext.cuda = None
+    core.cuda = None
     cuda_home = find_cuda_home()
     if cuda_wanted(cuda_home):
         nccl_include = find_nccl_include()
         archs = cuda_archs()
-        # Every cuda/ folder: the CUDA part, and its tests' host implementation of CUDA and NCCL
-        # (csrc/testing/cuda).
-        cuda_sources = sorted(str(p) for p in CSRC.rglob("*.cc")
-                              if "cuda" in p.relative_to(CSRC).parts[:-1])
-        cuda_sources.append(str(CSRC / "bindings_cuda.cc"))
-        ext.sources += [os.path.relpath(s, ROOT) for s in cuda_sources]
-        ext.include_dirs += [str(cuda_home / "include"), str(nccl_include)]
-        ext.library_dirs += [str(cuda_home / "lib64")]
-        ext.libraries = ["cudart_static"] + ext.libraries  # no libcudart needed at run time
-        ext.define_macros += [
+        core.sources += cc_files("cuda")
+        core.include_dirs += [str(cuda_home / "include"), str(nccl_include)]
+        core.library_dirs += [str(cuda_home / "lib64")]
+        core.libraries = ["cudart_static"] + core.libraries  # no libcudart needed at run time
+        core.define_macros += [
             ("RINGCOMM_WITH_CUDA", "1"),
             ("RINGCOMM_CUDA_ARCHS", '"' + ",".join(f"sm_{a}" for a in archs) + '"'),
             ("RINGCOMM_NCCL_HEADER_VERSION", '"' + nccl_header_version(nccl_include) + '"'),
             ("RINGCOMM_CUDA_INCLUDE", '"' + str(cuda_home / "include") + '"'),
         ]
-        ext.cuda = {"nvcc": cuda_home / "bin" / "nvcc", "archs": archs, "nccl_include": nccl_include}
-    return ext
+        core.cuda = {"nvcc": cuda_home / "bin" / "nvcc", "archs": archs,
+                     "nccl_include": nccl_include}
+    return core
+
+
+def make_module(name, sources, core):
+    """An extension of `sources`, with the core's flags, linked with the core's objects."""
+    return Pybind11Extension(
+        name, sources=sources, include_dirs=list(core.include_dirs), cxx_std=17,
+        extra_compile_args=["-O3"], libraries=list(core.libraries),
+        library_dirs=list(core.library_dirs), define_macros=list(core.define_macros),
+        depends=list(core.depends))
+
+
+def make_extensions(core):
+    # ringcomm._C: the bindings (csrc/bindings*.cc, csrc/python).
+    bindings = [os.path.relpath(CSRC / "bindings.cc", ROOT)] + [
+        s for s in cc_files("python") if not s.endswith("signal_check.cc")]
+    if core.cuda:
+        bindings.append(os.path.relpath(CSRC / "bindings_cuda.cc", ROOT))
+    modules = [make_module("ringcomm._C", bindings, core)]
+    # ringcomm._testing: csrc/testing (and with CUDA its host implementation of CUDA and NCCL,
+    # csrc/testing/cuda, and the kernels' host build).
+    if os.environ.get("RINGCOMM_TESTING", "1") != "0":
+        testing = make_module("ringcomm._testing", cc_files("testing") + (
+            cc_files("testing/cuda") if core.cuda else []), core)
+        testing.kernels_on_host = bool(core.cuda)
+        modules.append(testing)
+    return modules
 
 
 ParallelCompile("RINGCOMM_BUILD_JOBS", default=0).install()
-setup(ext_modules=[make_extension()], cmdclass={"build_ext": BuildWithCuda})
+CORE = make_core()
+setup(ext_modules=make_extensions(CORE), cmdclass={"build_ext": BuildWithCuda})

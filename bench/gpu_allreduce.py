@@ -41,7 +41,7 @@ def _host_time(fn, iters):
 
 
 def _rank(rank, world, store_path, sizes_mib, iters, warmup, slices, out_path):
-    from ringcomm import _C, CommOptions, cuda_backend
+    from ringcomm import _C, CommOptions, _testing, cuda_backend
 
     os.environ.update(cuda_backend.shared_gpu_env(rank))
     torch.cuda.set_device(0)
@@ -53,7 +53,7 @@ def _rank(rank, world, store_path, sizes_mib, iters, warmup, slices, out_path):
     # Slots as large as the largest slice; each measurement sets the slice it wants.
     # A short timeout: a hang costs the check seconds and still reports the rows before it.
     options = CommOptions(timeout=20.0, slice_bytes=max(slices)).resolved(world)
-    ring = _C.CudaRing(rank, world, 0, store.get("ringcomm-bench-id"),
+    ring = _C.CudaTransportAndReducer(rank, world, 0, store.get("ringcomm-bench-id"),
                        **cuda_backend.ring_arguments(options))
     comm = _C.Communicator(rank, world, ring.transport, ring.reducer, max(slices))
     ring.release()
@@ -77,7 +77,7 @@ def _rank(rank, world, store_path, sizes_mib, iters, warmup, slices, out_path):
             t_ours = _time(ours, iters, warmup)
             host = _host_time(ours, iters)
             # One NCCL group per receive: 2(n-1) steps of `columns` slices each.
-            columns = _C.testing.column_count(_C.Collective.all_reduce, world, n, slice_bytes // 4)
+            columns = _testing.column_count(_C.Collective.all_reduce, world, n, slice_bytes // 4)
             receives = 2 * (world - 1) * columns
             x.fill_(float(rank + 1))
             ours()

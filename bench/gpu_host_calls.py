@@ -12,10 +12,10 @@ import threading
 
 import torch
 
-from ringcomm import _C
+from ringcomm import _C, _testing
 from ringcomm.options import DEFAULTS
 
-host_gpu = _C.testing.host_gpu
+host_gpu = _testing.host_gpu
 # Left out of the call count: the watchdog's polls (as many as time allows, on its own thread;
 # a NotReady poll's cudaGetLastError too) and this script's own synchronize.
 POLLS = {"cudaEventQuery", "ncclCommGetAsyncError", "cudaGetLastError", "cudaStreamSynchronize"}
@@ -30,7 +30,7 @@ def counts_per_call(world, mib, slice_mib, calls=2, cuda_graphs=True):
 
     def rank_main(rank):
         try:
-            ring = host_gpu.Ring(rank, world, uid, slice_bytes=slice_bytes,
+            ring = host_gpu.TransportAndReducer(rank, world, uid, slice_bytes=slice_bytes,
                                  slots=DEFAULTS["cuda_slot_count"], publish_bytes=0, timeout=300,
                                  cuda_graphs=cuda_graphs, nccl_sms=DEFAULTS["nccl_sms"])
             comm = _C.Communicator(rank, world, ring.transport, ring.reducer, slice_bytes)

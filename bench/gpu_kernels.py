@@ -10,7 +10,7 @@ import json
 
 import torch
 
-from ringcomm import _C
+from ringcomm import _C, _testing
 
 
 def time_per_call(fn, iters, warmup):
@@ -39,7 +39,7 @@ def measure(dtype_name, mib, iters, warmup, offset=0):
 
     def reduce():
         # The whole GPU, as for the copy it is compared with.
-        _C.testing.reduce_kernel(po, 0, pa, pb, n, cdt, _C.RedOp.sum, 1, False, stream, nccl_sms=0)
+        _testing.reduce_kernel(po, 0, pa, pb, n, cdt, _C.RedOp.sum, 1, False, stream, nccl_sms=0)
 
     def copy():
         out[:n].copy_(a[:n])

@@ -18,7 +18,7 @@ _NUMPY_C_DTYPES = {dtype: _C_DTYPES[name] for dtype, name in _NUMPY_DTYPES.items
 # The CUDA array interface names dtypes as numpy does ("<f4"): it has none for what numpy lacks.
 _TYPESTR_DTYPES = {dtype.str: name for dtype, name in _NUMPY_DTYPES.items()}
 # Those with NaN and Inf: what check_finite looks at.
-FLOATING = frozenset(name for name in _C_DTYPES if getattr(torch, name).is_floating_point)
+FLOATING = frozenset(name for name, c in _C_DTYPES.items() if _C.dtype_is_floating(c))
 
 
 class Buffer:

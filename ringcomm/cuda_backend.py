@@ -65,7 +65,7 @@ def available():
 
 
 def create(rendezvous, device_index, options, ordinal=0):
-    """A _C.Communicator over a _C.CudaRing on `device_index`, configured by resolved
+    """A _C.Communicator over a _C.CudaTransportAndReducer on `device_index`, configured by resolved
     CommOptions; every rank of the group calls this together.
 
     The NCCL id is published under this communicator's rendezvous prefix and `ordinal` (the
@@ -88,7 +88,7 @@ def create(rendezvous, device_index, options, ordinal=0):
         rendezvous.publish(key, _C.nccl_unique_id(**search))
     unique_id = rendezvous.read(key, 0)
     arguments = ring_arguments(options)
-    ring = _C.CudaRing(rendezvous.rank, rendezvous.world_size, device_index, unique_id,
+    ring = _C.CudaTransportAndReducer(rendezvous.rank, rendezvous.world_size, device_index, unique_id,
                        **arguments)
     comm = _C.Communicator(rendezvous.rank, rendezvous.world_size, ring.transport, ring.reducer,
                            arguments["slice_bytes"])
@@ -98,7 +98,7 @@ def create(rendezvous, device_index, options, ordinal=0):
 
 
 def ring_arguments(options, publish_bytes=0):
-    """_C.CudaRing's keywords after the device and NCCL id, from resolved CommOptions.
+    """_C.CudaTransportAndReducer's keywords after the device and NCCL id, from resolved CommOptions.
     publish_bytes: 0 offers the ring only. The one-hop algorithms over NCCL have not yet run on
     a GPU, so communicators leave them off; the GPU tests pass a size to run them."""
     search = nccl_search(options)

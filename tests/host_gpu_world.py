@@ -1,6 +1,6 @@
 """The real NcclTransport without a GPU: ranks are threads of this process, each with a
 ringcomm.Communicator whose CPU tensors go through NcclTransport over the host implementation of
-CUDA and NCCL (_C.testing.host_gpu, csrc/testing/cuda/host_gpu.h) and the CPU reducer launched
+CUDA and NCCL (_testing.host_gpu, csrc/testing/cuda/host_gpu.h) and the CPU reducer launched
 on its compute stream. Every collective ends on the calling thread's default stream, which the wrapper
 waits for, so a test reads results as on the CPU path."""
 import contextlib
@@ -11,13 +11,13 @@ import pytest
 import torch.distributed as dist
 
 import ringcomm
-from ringcomm import _C, backends
+from ringcomm import _C, _testing, backends
 from ringcomm.rendezvous import Rendezvous
 
 if not _C.build_info()["cuda"]:
     pytest.skip("built without CUDA: no NcclTransport to drive", allow_module_level=True)
 
-host_gpu = _C.testing.host_gpu
+host_gpu = _testing.host_gpu
 
 # What the core communicator runs on the caller's stream (here its default stream).
 _STREAM_ORDERED = {"run", "send", "recv", "send_recv_batch", "all_to_all"}
@@ -49,7 +49,7 @@ def host_nccl_backend(slice_bytes=256, slots=4, publish_bytes=0, timeout=20.0, c
         key = f"host-nccl-id/{ordinal}"
         if rendezvous.rank == 0:
             rendezvous.publish(key, host_gpu.unique_id())
-        ring = host_gpu.Ring(rendezvous.rank, rendezvous.world_size, rendezvous.read(key, 0),
+        ring = host_gpu.TransportAndReducer(rendezvous.rank, rendezvous.world_size, rendezvous.read(key, 0),
                              slice_bytes=slice_bytes, slots=slots, publish_bytes=publish_bytes,
                              timeout=timeout, cuda_graphs=cuda_graphs, nccl_sms=options.nccl_sms)
         comm = _C.Communicator(rendezvous.rank, rendezvous.world_size, ring.transport,

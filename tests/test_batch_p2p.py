@@ -1,5 +1,5 @@
 """Sends and receives posted as one batch, driven through the NcclTransport that ships over the
-host implementation of CUDA and NCCL (_C.testing.host_gpu), where a send blocks until its
+host implementation of CUDA and NCCL (_testing.host_gpu), where a send blocks until its
 matching receive is posted, as on NCCL. Posted one by one, two ranks that both send first wait
 for each other until the timeout; as one batch (Communicator.batch_isend_irecv, and
 torch.distributed.batch_isend_irecv through the torch backend) they exchange, exactly, in one

@@ -19,7 +19,7 @@ from shared_launch import SharedLaunches, on_ranks, shares_launch  # noqa: F401 
 torch = pytest.importorskip("torch")
 
 try:
-    from ringcomm import _C, CommOptions, cuda_backend
+    from ringcomm import _C, CommOptions, _testing, cuda_backend
     from ringcomm.options import DEFAULTS
     from sweep import DTYPES as SWEEP_DTYPES, OPS, op_valid
 except ImportError:  # not built: every test here skips
@@ -67,14 +67,14 @@ def _reference(dtype, op, a, b, divisor, finalize):
     tests/sweep.py checks on CPU): the kernels must match it, so a new op needs no edit here."""
     a, b = a.cpu(), b.cpu()
     out = torch.empty_like(a)
-    _C.testing.cpu_reduce(out.data_ptr(), 0, a.data_ptr(), b.data_ptr(), a.numel(),
+    _testing.cpu_reduce(out.data_ptr(), 0, a.data_ptr(), b.data_ptr(), a.numel(),
                           getattr(_C.DataType, dtype), getattr(_C.RedOp, op), divisor, finalize)
     return out.to("cuda")
 
 
 def _run_kernel(dtype, op, out0, out1, a, b, n, divisor=1, finalize=False):
     stream = torch.cuda.current_stream().cuda_stream
-    _C.testing.reduce_kernel(out0.data_ptr() if out0 is not None else 0,
+    _testing.reduce_kernel(out0.data_ptr() if out0 is not None else 0,
                              out1.data_ptr() if out1 is not None else 0,
                              a.data_ptr(), b.data_ptr(), n, getattr(_C.DataType, dtype),
                              getattr(_C.RedOp, op), divisor, finalize, stream,
@@ -166,7 +166,7 @@ def _assert_bits(actual, expected, what, nan_bits=True):
 def _cpu_wire_reduce(op, out0, out1, a, b, n, divisor, finalize, wire):
     """The CPU reducer on host tensors (out0/a float32, out1/b in `wire`)."""
     try:
-        _C.testing.cpu_reduce(out0.data_ptr() if out0 is not None else 0,
+        _testing.cpu_reduce(out0.data_ptr() if out0 is not None else 0,
                               out1.data_ptr() if out1 is not None else 0,
                               a.data_ptr(), b.data_ptr(), n, _C.DataType.float32,
                               getattr(_C.RedOp, op), divisor, finalize,
@@ -177,7 +177,7 @@ def _cpu_wire_reduce(op, out0, out1, a, b, n, divisor, finalize, wire):
 
 def _run_wire_kernel(op, out0, out1, a, b, n, wire, divisor=1, finalize=False):
     stream = torch.cuda.current_stream().cuda_stream
-    _C.testing.reduce_kernel(out0.data_ptr() if out0 is not None else 0,
+    _testing.reduce_kernel(out0.data_ptr() if out0 is not None else 0,
                              out1.data_ptr() if out1 is not None else 0,
                              a.data_ptr(), b.data_ptr(), n, _C.DataType.float32,
                              getattr(_C.RedOp, op), divisor, finalize, stream,
@@ -243,7 +243,7 @@ def test_wire_reduce_kernel_rejects_bad_combinations():
         _run_wire_kernel("sum", x, h, x, h, 8, "int32")
     i = torch.zeros(8, dtype=torch.int32, device="cuda")
     with pytest.raises(RuntimeError, match="cannot travel"):
-        _C.testing.reduce_kernel(i.data_ptr(), 0, i.data_ptr(), h.data_ptr(), 8,
+        _testing.reduce_kernel(i.data_ptr(), 0, i.data_ptr(), h.data_ptr(), 8,
                                  _C.DataType.int32, _C.RedOp.sum, wire_dtype=_C.DataType.float16,
                                  nccl_sms=DEFAULTS["nccl_sms"])
 
@@ -265,7 +265,7 @@ def test_convert_kernel(wire):
             o0_all, o1_all = torch.zeros(n + pad, device="cuda"), torch.zeros(n + pad, dtype=wt,
                                                                                 device="cuda")
             o0, o1 = o0_all[off:off + n], o1_all[off:off + n]
-            _C.testing.convert_kernel(o0.data_ptr(), o1.data_ptr(), src.data_ptr(), False, n,
+            _testing.convert_kernel(o0.data_ptr(), o1.data_ptr(), src.data_ptr(), False, n,
                                       cwire, stream, nccl_sms=DEFAULTS["nccl_sms"])
             torch.cuda.synchronize()
             _assert_bits(o0, src, what + " to wire, out0")
@@ -276,7 +276,7 @@ def test_convert_kernel(wire):
             src = w_all[src_off:src_off + n]
             o0_all.zero_()
             o1_all.zero_()
-            _C.testing.convert_kernel(o0.data_ptr(), o1.data_ptr(), src.data_ptr(), True, n,
+            _testing.convert_kernel(o0.data_ptr(), o1.data_ptr(), src.data_ptr(), True, n,
                                       cwire, stream, nccl_sms=DEFAULTS["nccl_sms"])
             torch.cuda.synchronize()
             _assert_bits(o1, src, what + " from wire, out1")
@@ -286,7 +286,7 @@ def test_convert_kernel(wire):
     # Outputs that are the source itself are left alone; the other one is still written.
     x = torch.randn(1001, device="cuda")
     h = torch.empty(1001, dtype=wt, device="cuda")
-    _C.testing.convert_kernel(x.data_ptr(), h.data_ptr(), x.data_ptr(), False, 1001, cwire,
+    _testing.convert_kernel(x.data_ptr(), h.data_ptr(), x.data_ptr(), False, 1001, cwire,
                               stream, nccl_sms=DEFAULTS["nccl_sms"])
     torch.cuda.synchronize()
     _assert_bits(h, x.to(wt), f"{wire} convert with out0 == src")
@@ -301,7 +301,7 @@ def test_reduce_kernel_rejects_bad_combinations():
 def test_copy_kernel():
     src = torch.arange(1001, dtype=torch.uint8, device="cuda")
     a, b = torch.zeros_like(src), torch.zeros_like(src)
-    _C.testing.copy_kernel(a.data_ptr(), b.data_ptr(), src.data_ptr() + 1, 1000,
+    _testing.copy_kernel(a.data_ptr(), b.data_ptr(), src.data_ptr() + 1, 1000,
                            torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
     assert torch.equal(a[:1000], src[1:]) and torch.equal(b[:1000], src[1:])
@@ -327,7 +327,7 @@ def _on_ring(rank, world, body, **params):
     if rank == 0:
         store.set("ringcomm-nccl-id", _C.nccl_unique_id(**cuda_backend.nccl_search(options)))
     uid = store.get("ringcomm-nccl-id")
-    ring = _C.CudaRing(rank, world, 0, uid,
+    ring = _C.CudaTransportAndReducer(rank, world, 0, uid,
                        **cuda_backend.ring_arguments(options, publish_bytes=PUBLISH_BYTES))
     comm = _C.Communicator(rank, world, ring.transport, ring.reducer, SLICE_BYTES)
     try:
@@ -370,7 +370,7 @@ def _expected(op, world, n, dtype):
 # 1 MiB slices, and the odd counts give chunks that end off the 16-byte grid.
 COLLECTIVE_COUNTS = [0, 1, 7, 1000, 65539, (1 << 20) + 3]
 SLICE_BYTES = 1 << 20
-PUBLISH_BYTES = 1 << 20  # publications of the one-hop algorithms (CudaRing offers none by default)
+PUBLISH_BYTES = 1 << 20  # publications of the one-hop algorithms (CudaTransportAndReducer offers none by default)
 REDUCE_CASES = [("float32", "sum"), ("bfloat16", "sum"), ("float16", "avg"), ("int32", "sum"),
                 ("int64", "max"), ("float32", "prod"), ("float64", "min"), ("int8", "avg")]
 
@@ -571,7 +571,7 @@ def test_missing_peer_times_out_at_creation():
     of hanging."""
     uid = _C.nccl_unique_id(**cuda_backend.nccl_search())
     with pytest.raises(_C.CommTimeoutError, match="creating the NCCL communicator.*rank 0 of 2"):
-        _C.CudaRing(0, 2, 0, uid,
+        _C.CudaTransportAndReducer(0, 2, 0, uid,
                     **cuda_backend.ring_arguments(CommOptions(timeout=5.0).resolved(2)))
 
 
@@ -745,7 +745,7 @@ def _publication_rounds(comm, ring, rank, world, store):
                    for p in range(phases)]
         outputs = [[torch.full((c,), -1, dtype=torch.int32, device="cuda") for c in counts]
                    for _ in range(phases)]
-        _C.testing.publication_round(ring, rank, stream, [s.data_ptr() for s in sources],
+        _testing.publication_round(ring, rank, stream, [s.data_ptr() for s in sources],
                                      [4 * c for c in counts],
                                      [[o.data_ptr() for o in row] for row in outputs])
         rounds.append((k, counts, sources, outputs))

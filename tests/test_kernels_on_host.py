@@ -27,7 +27,7 @@ KERNEL_SOURCES = sorted((CSRC / "cuda").glob("*.cu")) + [CSRC / "cuda" / "cuda_r
 SUPPORT_SOURCES = [CSRC / "testing" / "cuda" / "kernels_on_host.cc"] + [
     CSRC / folder / name for folder, name in
     [("cpu", "cpu_reducer.cc"), ("cpu", "half_blocks.cc"), ("core", "types.cc"),
-     ("core", "transport.cc"), ("core", "algorithms.cc")]]
+     ("core", "transport.cc"), ("core", "reducer.cc"), ("core", "algorithms.cc")]]
 
 SANITIZERS = ["-O1", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
               "-fno-omit-frame-pointer"]

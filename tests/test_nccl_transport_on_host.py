@@ -1,5 +1,5 @@
 """The NcclTransport that ships, driven without a GPU: every CUDA and NCCL call it makes goes to
-the host implementation (_C.testing.host_gpu), which moves real bytes with NCCL's pairing,
+the host implementation (_testing.host_gpu), which moves real bytes with NCCL's pairing,
 group and stream semantics and records misuse. Exact results for every plan at worlds 2-8,
 then the failure paths: a dead peer, a skipped collective, a missing peer, mismatched sizes."""
 import gc
@@ -159,7 +159,7 @@ def test_a_peer_that_never_joins_gives_a_timeout_at_creation():
         uid = host_gpu.unique_id()
         start = time.monotonic()
         with pytest.raises(_C.CommTimeoutError, match="creating the NCCL communicator.*rank 0 of 2"):
-            host_gpu.Ring(0, 2, uid, slice_bytes=DEFAULTS["cuda_slice_bytes"],
+            host_gpu.TransportAndReducer(0, 2, uid, slice_bytes=DEFAULTS["cuda_slice_bytes"],
                           slots=DEFAULTS["cuda_slot_count"], publish_bytes=0, timeout=TIMEOUT,
                           cuda_graphs=DEFAULTS["cuda_graphs"], nccl_sms=DEFAULTS["nccl_sms"])
         assert time.monotonic() - start < TIMEOUT + 3
@@ -228,7 +228,7 @@ def _two_rings(publish_bytes=PUBLISH_BYTES):
     uid, rings = host_gpu.unique_id(), [None, None]
 
     def make(rank):
-        rings[rank] = host_gpu.Ring(rank, 2, uid, slice_bytes=256, slots=4,
+        rings[rank] = host_gpu.TransportAndReducer(rank, 2, uid, slice_bytes=256, slots=4,
                                     publish_bytes=publish_bytes, timeout=TIMEOUT,
                                     cuda_graphs=DEFAULTS["cuda_graphs"],
                                     nccl_sms=DEFAULTS["nccl_sms"])

@@ -71,7 +71,7 @@ def test_waiters_stop_yielding_when_yields_lose_the_core():
     """Beside busy processes a sched_yield hands the core away for a scheduler slice: 4 slow
     yields (> 500 us) in a window of 16 turn yielding off for a second; fewer, or a window of
     fast ones in between, do not."""
-    T = ringcomm._C.testing
+    from ringcomm import _testing as T
     try:
         T.reset_yield_gate()
         for _ in range(3):
@@ -273,7 +273,7 @@ def test_names_left_by_a_killed_process_are_removed():
     import subprocess
     import time
 
-    from ringcomm import _C
+    from ringcomm import _testing
 
     dead = subprocess.Popen(["true"])
     dead.wait()
@@ -286,7 +286,7 @@ def test_names_left_by_a_killed_process_are_removed():
         if key.startswith("old"):
             os.utime(f"/dev/shm/{name}", (time.time() - 3600, time.time() - 3600))
     try:
-        assert _C.testing.remove_stale_segments(min_age_seconds=60) >= 1
+        assert _testing.remove_stale_segments(min_age_seconds=60) >= 1
         left = {key for key, name in names.items() if os.path.exists(f"/dev/shm/{name}")}
         assert left == {"young_dead", "old_alive"}
     finally:

@@ -8,7 +8,7 @@ from collections import Counter, deque
 import pytest
 
 import ringcomm
-from ringcomm import _C
+from ringcomm import _C, _testing
 from ringcomm.options import ALGORITHM_COLLECTIVES
 
 COLLECTIVES_PLANNED = [kind.name for kind in _C.PLANNED_COLLECTIVES]  # point-to-point has no plan
@@ -218,9 +218,9 @@ def test_aligned_allreduce_plans_still_reduce_every_chunk_once(n, dtype):
 
 def test_column_count_covers_the_longest_chunk():
     prim = _C.Collective.all_reduce
-    assert _C.testing.column_count(prim, 4, 0, 16) == 1  # empty collectives still exchange one message
-    assert _C.testing.column_count(prim, 4, 65, 16) == 2  # chunks of 17 and 16 elements
-    assert _C.testing.column_count(prim, 4, 64, 16) == 1
+    assert _testing.column_count(prim, 4, 0, 16) == 1  # empty collectives still exchange one message
+    assert _testing.column_count(prim, 4, 65, 16) == 2  # chunks of 17 and 16 elements
+    assert _testing.column_count(prim, 4, 64, 16) == 1
 
 
 @pytest.mark.parametrize("collective", COLLECTIVES_PLANNED)

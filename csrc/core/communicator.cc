@@ -1,5 +1,6 @@
 // The communicator's collectives: a request checked, its plan made, the caller's buffers mapped
-// onto the plan's logical buffer (per collective: mapBuffers) and the plan run.
+// onto the plan's logical buffer (per collective: mapBuffers) and the plan run; and its state:
+// failure, abort, close, what its transports moved.
 #include "ringcomm/communicator.h"
 
 #include "ringcomm/error.h"
@@ -214,6 +215,12 @@ void Communicator::run(const CollectiveRequest& r) {
   });
 }
 
+void Communicator::failed(const std::string& why) {
+  failure_ = why;
+  if (links_) links_->abort(failure_);
+  if (transport_) transport_->abort(failure_);
+}
+
 std::string Communicator::failure() const {
   if (!failure_.empty() || !aborted_.load()) return failure_;
   std::lock_guard<std::mutex> lock(abortMutex_);
@@ -235,6 +242,18 @@ void Communicator::close() {
   transport_.reset();  // unmaps shared memory, destroys NCCL communicators
   links_.reset();
   reducer_.reset();
+}
+
+TrafficStats Communicator::traffic() const {
+  TrafficStats total(worldSize_);
+  if (transport_) total += transport_->traffic();
+  if (links_) total += links_->traffic();
+  return total;
+}
+
+void Communicator::resetTraffic() {
+  if (transport_) transport_->resetTraffic();
+  if (links_) links_->resetTraffic();
 }
 
 }  // namespace ringcomm

@@ -60,28 +60,10 @@ void Communicator::setPeerLinks(std::shared_ptr<Transport> links) {
   received_.assign(worldSize_, 0);
 }
 
-TrafficStats Communicator::traffic() const {
-  TrafficStats total(worldSize_);
-  if (transport_) total += transport_->traffic();
-  if (links_) total += links_->traffic();
-  return total;
-}
-
-void Communicator::resetTraffic() {
-  if (transport_) transport_->resetTraffic();
-  if (links_) links_->resetTraffic();
-}
-
 Transport& Communicator::peerLinks() {
   checkUsable();
   RC_CHECK(links_ != nullptr, "this communicator has no point-to-point links (setPeerLinks)");
   return *links_;
-}
-
-void Communicator::failed(const std::string& why) {
-  failure_ = why;
-  if (links_) links_->abort(failure_);
-  if (transport_) transport_->abort(failure_);
 }
 
 void Communicator::overLinks(uintptr_t stream, const CallName& call,

@@ -5,6 +5,11 @@
 
 namespace ringcomm {
 
+void Transport::forward(int from, int to, const Envelope&) {
+  RC_THROW("this transport cannot forward a message from rank ", from, " to rank ", to,
+           " in place");
+}
+
 void Transport::sendFrom(int, const void*, const Envelope& envelope) {
   RC_THROW("this transport cannot send from user buffers (", describeEnvelope(envelope), ")");
 }

@@ -3,8 +3,7 @@
 
 #include "ringcomm/algorithms.h"
 #include "ringcomm/error.h"
-#include "ringcomm/reducer.h"
-#include "ringcomm/transport.h"
+#include "ringcomm/transport.h"  // Envelope
 
 namespace ringcomm {
 
@@ -111,29 +110,6 @@ std::string describeEnvelope(const Envelope& e) {
   return detail::concat(collectiveName(static_cast<Collective>(e.collective)), " #", e.sequence,
                         " (", headerFields(e), ", ", e.bytes, "-byte message at element ",
                         e.offset, ")");
-}
-
-void Transport::forward(int from, int to, const Envelope&) {
-  RC_THROW("this transport cannot forward a message from rank ", from, " to rank ", to,
-           " in place");
-}
-
-bool wireTypeSupported(DataType type, DataType wireType) {
-  return wireType == type || (type == DataType::Float32 && (wireType == DataType::Float16 ||
-                                                            wireType == DataType::BFloat16));
-}
-
-void checkWireType(DataType type, DataType wireType) {
-  RC_CHECK(wireTypeSupported(type, wireType), dataTypeName(type), " data cannot travel as ",
-           dataTypeName(wireType), " (a 16-bit wire is for float32 tensors)");
-}
-
-void Reducer::convert(void* out0, void* out1, const void* src, bool srcIsWire, size_t n,
-                      const ReduceSpec& spec) {
-  RC_CHECK(spec.type == spec.wireType, "this device cannot send ", dataTypeName(spec.type),
-           " data as ", dataTypeName(spec.wireType));
-  copy(out0, out1, src, n * dataTypeSize(spec.type));
-  (void)srcIsWire;
 }
 
 }  // namespace ringcomm

@@ -42,27 +42,27 @@ struct Codec<bool> {
   static bool store(uint8_t v) { return v != 0; }
 };
 
-// T: the buffer's element type (out0, a); W: the wire's (out1, b). Same type except for a
+// T: the buffer's element type (result, a); W: the wire's (message, b). Same type except for a
 // 16-bit wire under float32 buffers.
 template <typename T, typename W, typename Fn>
-__attribute__((always_inline)) inline void loopBody(T* out0, W* out1, const T* a, const W* b,
+__attribute__((always_inline)) inline void loopBody(T* result, W* message, const T* a, const W* b,
                                                     size_t n, Fn fn) {
   using CT = Codec<T>;
   using CW = Codec<W>;
   // One loop per output combination keeps each loop branch-free, so it vectorises.
-  if (out0 && out1) {
+  if (result && message) {
     for (size_t i = 0; i < n; ++i) {
       const W w = CW::store(fn(CT::load(a[i]), CW::load(b[i])));
-      out1[i] = w;
+      message[i] = w;
       if constexpr (std::is_same_v<T, W>)
-        out0[i] = w;
+        result[i] = w;
       else
-        out0[i] = CT::store(CW::load(w));  // keep what the other ranks receive
+        result[i] = CT::store(CW::load(w));  // keep what the other ranks receive
     }
-  } else if (out0) {
-    for (size_t i = 0; i < n; ++i) out0[i] = CT::store(fn(CT::load(a[i]), CW::load(b[i])));
-  } else if (out1) {
-    for (size_t i = 0; i < n; ++i) out1[i] = CW::store(fn(CT::load(a[i]), CW::load(b[i])));
+  } else if (result) {
+    for (size_t i = 0; i < n; ++i) result[i] = CT::store(fn(CT::load(a[i]), CW::load(b[i])));
+  } else if (message) {
+    for (size_t i = 0; i < n; ++i) message[i] = CW::store(fn(CT::load(a[i]), CW::load(b[i])));
   }
 }
 
@@ -75,51 +75,51 @@ bool hasAvx2() {
 }
 
 template <typename T, typename W, typename Fn>
-__attribute__((target("avx2"))) void loopAvx2(T* out0, W* out1, const T* a, const W* b, size_t n,
-                                              Fn fn) {
-  loopBody(out0, out1, a, b, n, fn);
+__attribute__((target("avx2"))) void loopAvx2(T* result, W* message, const T* a, const W* b,
+                                              size_t n, Fn fn) {
+  loopBody(result, message, a, b, n, fn);
 }
 #endif
 
 template <typename T, typename W, typename Fn>
-void loopOnce(T* out0, W* out1, const T* a, const W* b, size_t n, Fn fn) {
+void loopOnce(T* result, W* message, const T* a, const W* b, size_t n, Fn fn) {
 #if defined(__x86_64__)
-  if (hasAvx2()) return loopAvx2(out0, out1, a, b, n, fn);
+  if (hasAvx2()) return loopAvx2(result, message, a, b, n, fn);
 #endif
-  loopBody(out0, out1, a, b, n, fn);
+  loopBody(result, message, a, b, n, fn);
 }
 
 template <typename T, typename W, typename Fn>
-void loop(T* out0, W* out1, const T* a, const W* b, size_t n, Fn fn) {
+void loop(T* result, W* message, const T* a, const W* b, size_t n, Fn fn) {
   if constexpr (std::is_same_v<T, W>) {
-    if (out0 != nullptr && out1 != nullptr) {
+    if (result != nullptr && message != nullptr) {
       // Two outputs (the rank's result and the next hop's slot): reduce an L1-sized block into
-      // out0, whose lines the loop has just read as `a` when in place, then memcpy it on.
+      // result, whose lines the loop has just read as `a` when in place, then memcpy it on.
       // memcpy's string moves write whole lines without first reading them, which vector stores
       // into a slot the other core last read cannot (measured: docs/benchmarks.md).
       constexpr size_t kBlock = 16384 / sizeof(T);
       for (size_t i = 0; i < n; i += kBlock) {
         const size_t m = std::min(kBlock, n - i);
-        loopOnce(out0 + i, static_cast<W*>(nullptr), a + i, b + i, m, fn);
-        std::memcpy(out1 + i, out0 + i, m * sizeof(T));
+        loopOnce(result + i, static_cast<W*>(nullptr), a + i, b + i, m, fn);
+        std::memcpy(message + i, result + i, m * sizeof(T));
       }
       return;
     }
   }
-  loopOnce(out0, out1, a, b, n, fn);
+  loopOnce(result, message, a, b, n, fn);
 }
 
 template <typename T, typename W = T>
-void reduceTyped(void* out0, void* out1, const void* a, const void* b, size_t n,
+void reduceTyped(void* resultBuffer, void* messageBuffer, const void* a, const void* b, size_t n,
                  const ReduceSpec& spec, bool finalize) {
   using A = typename Codec<T>::Acc;
-  auto* o0 = static_cast<T*>(out0);
-  auto* o1 = static_cast<W*>(out1);
+  auto* result = static_cast<T*>(resultBuffer);
+  auto* message = static_cast<W*>(messageBuffer);
   auto* x = static_cast<const T*>(a);
   auto* y = static_cast<const W*>(b);
   if (finalize && spec.op == RedOp::Avg && spec.divisor != 1) {
     const A d = static_cast<A>(spec.divisor);
-    return loop(o0, o1, x, y, n, [d](A p, A q) {
+    return loop(result, message, x, y, n, [d](A p, A q) {
       return static_cast<A>(opmath::apply<RedOp::Sum>(p, q) / d);
     });
   }
@@ -127,7 +127,8 @@ void reduceTyped(void* out0, void* out1, const void* a, const void* b, size_t n,
   constexpr bool kBool = std::is_same_v<T, bool>;
   const RedOp op = kBool ? opmath::boolOp(spec.op) : opmath::arithmeticOp(spec.op);
   const bool found = opmath::withOp<std::is_integral_v<A>>(op, [&](auto tag) {
-    loop(o0, o1, x, y, n, [](A p, A q) { return opmath::apply<decltype(tag)::value>(p, q); });
+    loop(result, message, x, y, n,
+         [](A p, A q) { return opmath::apply<decltype(tag)::value>(p, q); });
   });
   RC_CHECK(found, "op '", redOpName(spec.op), "' is not defined for ", dataTypeName(spec.type));
 }
@@ -136,7 +137,7 @@ void reduceTyped(void* out0, void* out1, const void* a, const void* b, size_t n,
 // float16 gets anyway), narrow the results. Same bits as the per-element path, several times
 // faster. T is float or Half (buffer), W is Half (wire) or T.
 template <typename T, typename W>
-void reduceThroughFloat(void* out0, void* out1, const void* a, const void* b, size_t n,
+void reduceThroughFloat(void* result, void* message, const void* a, const void* b, size_t n,
                         const ReduceSpec& spec, bool finalize) {
   constexpr size_t kBlock = 2048;
   float fa[kBlock], fb[kBlock], value[kBlock];
@@ -152,83 +153,87 @@ void reduceThroughFloat(void* out0, void* out1, const void* a, const void* b, si
       pa = static_cast<const float*>(a) + i;
     widenHalf(half(b, i), fb, m);
     reduceTyped<float>(value, nullptr, pa, fb, m, asFloat, finalize);
-    if (out1 != nullptr) {
-      uint16_t* wire = static_cast<uint16_t*>(out1) + i;
+    if (message != nullptr) {
+      uint16_t* wire = static_cast<uint16_t*>(message) + i;
       narrowHalf(value, wire, m);
-      if (out0 == nullptr) continue;
+      if (result == nullptr) continue;
       if constexpr (std::is_same_v<T, Half>)
-        std::memcpy(static_cast<uint16_t*>(out0) + i, wire, m * 2);
+        std::memcpy(static_cast<uint16_t*>(result) + i, wire, m * 2);
       else
-        widenHalf(wire, static_cast<float*>(out0) + i, m);  // keep what the others receive
-    } else if (out0 != nullptr) {
+        widenHalf(wire, static_cast<float*>(result) + i, m);  // keep what the others receive
+    } else if (result != nullptr) {
       if constexpr (std::is_same_v<T, Half>)
-        narrowHalf(value, static_cast<uint16_t*>(out0) + i, m);
+        narrowHalf(value, static_cast<uint16_t*>(result) + i, m);
       else
-        std::memcpy(static_cast<float*>(out0) + i, value, m * sizeof(float));
+        std::memcpy(static_cast<float*>(result) + i, value, m * sizeof(float));
     }
   }
 }
 
 template <typename W>
-void convertFromFloat(void* out0, void* out1, const void* src, bool srcIsWire, size_t n) {
-  auto* o0 = static_cast<float*>(out0);
-  auto* o1 = static_cast<W*>(out1);
+void convertFromFloat(void* resultBuffer, void* messageBuffer, const void* src, bool srcIsWire,
+                      size_t n) {
+  auto* result = static_cast<float*>(resultBuffer);
+  auto* message = static_cast<W*>(messageBuffer);
   if (srcIsWire) {
     auto* s = static_cast<const W*>(src);
-    if (o1 && o1 != s) std::memcpy(o1, s, n * sizeof(W));
+    if (message && message != s) std::memcpy(message, s, n * sizeof(W));
     if constexpr (std::is_same_v<W, Half>) {
-      if (o0) widenHalf(&s->bits, o0, n);
-    } else if (o0) {
-      for (size_t i = 0; i < n; ++i) o0[i] = Codec<W>::load(s[i]);
+      if (result) widenHalf(&s->bits, result, n);
+    } else if (result) {
+      for (size_t i = 0; i < n; ++i) result[i] = Codec<W>::load(s[i]);
     }
   } else {
     auto* s = static_cast<const float*>(src);
     if constexpr (std::is_same_v<W, Half>) {
-      if (o1) narrowHalf(s, &o1->bits, n);
-    } else if (o1) {
-      for (size_t i = 0; i < n; ++i) o1[i] = Codec<W>::store(s[i]);
+      if (message) narrowHalf(s, &message->bits, n);
+    } else if (message) {
+      for (size_t i = 0; i < n; ++i) message[i] = Codec<W>::store(s[i]);
     }
-    if (o0 && o0 != s) std::memcpy(o0, s, n * sizeof(float));
+    if (result && result != s) std::memcpy(result, s, n * sizeof(float));
   }
 }
 
 }  // namespace
 
-void CpuReducer::convert(void* out0, void* out1, const void* src, bool srcIsWire, size_t n,
+void CpuReducer::convert(void* result, void* message, const void* src, bool srcIsWire, size_t n,
                          const ReduceSpec& spec) {
   checkWireType(spec.type, spec.wireType);
-  if (spec.wireType == DataType::BFloat16) return convertFromFloat<BHalf>(out0, out1, src, srcIsWire, n);
-  if (spec.wireType == DataType::Float16) return convertFromFloat<Half>(out0, out1, src, srcIsWire, n);
-  Reducer::convert(out0, out1, src, srcIsWire, n, spec);
+  if (spec.wireType == DataType::BFloat16)
+    return convertFromFloat<BHalf>(result, message, src, srcIsWire, n);
+  if (spec.wireType == DataType::Float16)
+    return convertFromFloat<Half>(result, message, src, srcIsWire, n);
+  Reducer::convert(result, message, src, srcIsWire, n, spec);
 }
 
-void CpuReducer::reduce(void* out0, void* out1, const void* a, const void* b, size_t n,
+void CpuReducer::reduce(void* result, void* message, const void* a, const void* b, size_t n,
                         const ReduceSpec& spec, bool finalize) {
   if (spec.wireType != spec.type) {
     checkWireType(spec.type, spec.wireType);
     if (spec.wireType == DataType::BFloat16)
-      return reduceTyped<float, BHalf>(out0, out1, a, b, n, spec, finalize);
-    return reduceThroughFloat<float, Half>(out0, out1, a, b, n, spec, finalize);
+      return reduceTyped<float, BHalf>(result, message, a, b, n, spec, finalize);
+    return reduceThroughFloat<float, Half>(result, message, a, b, n, spec, finalize);
   }
   switch (spec.type) {
-    case DataType::Float32: return reduceTyped<float>(out0, out1, a, b, n, spec, finalize);
-    case DataType::Float64: return reduceTyped<double>(out0, out1, a, b, n, spec, finalize);
-    case DataType::Float16: return reduceThroughFloat<Half, Half>(out0, out1, a, b, n, spec, finalize);
-    case DataType::BFloat16: return reduceTyped<BHalf>(out0, out1, a, b, n, spec, finalize);
-    case DataType::Int8: return reduceTyped<int8_t>(out0, out1, a, b, n, spec, finalize);
-    case DataType::UInt8: return reduceTyped<uint8_t>(out0, out1, a, b, n, spec, finalize);
-    case DataType::Int32: return reduceTyped<int32_t>(out0, out1, a, b, n, spec, finalize);
-    case DataType::Int64: return reduceTyped<int64_t>(out0, out1, a, b, n, spec, finalize);
-    case DataType::Bool: return reduceTyped<bool>(out0, out1, a, b, n, spec, finalize);
+    case DataType::Float32: return reduceTyped<float>(result, message, a, b, n, spec, finalize);
+    case DataType::Float64: return reduceTyped<double>(result, message, a, b, n, spec, finalize);
+    case DataType::Float16:
+      return reduceThroughFloat<Half, Half>(result, message, a, b, n, spec, finalize);
+    case DataType::BFloat16: return reduceTyped<BHalf>(result, message, a, b, n, spec, finalize);
+    case DataType::Int8: return reduceTyped<int8_t>(result, message, a, b, n, spec, finalize);
+    case DataType::UInt8: return reduceTyped<uint8_t>(result, message, a, b, n, spec, finalize);
+    case DataType::Int32: return reduceTyped<int32_t>(result, message, a, b, n, spec, finalize);
+    case DataType::Int64: return reduceTyped<int64_t>(result, message, a, b, n, spec, finalize);
+    case DataType::Bool: return reduceTyped<bool>(result, message, a, b, n, spec, finalize);
   }
   RC_THROW("unknown data type ", static_cast<int>(spec.type));
 }
 
-void CpuReducer::copy(void* out0, void* out1, const void* src, size_t bytes) {
+void CpuReducer::copy(void* result, void* message, const void* src, size_t bytes) {
   // Two memcpy calls: their string moves write whole lines without reading them first, which
   // beat a single pass with two vector stores per load (docs/benchmarks.md).
-  if (out0 && out0 != src) std::memcpy(out0, src, bytes);
-  if (out1 && out1 != src) std::memcpy(out1, src, bytes);
+  if (result && result != src) std::memcpy(result, src, bytes);
+  if (message && message != src) std::memcpy(message, src, bytes);
 }
 
 }  // namespace ringcomm

@@ -7,10 +7,10 @@ namespace ringcomm {
 
 class CpuReducer : public Reducer {
  public:
-  void reduce(void* out0, void* out1, const void* a, const void* b, size_t n,
+  void reduce(void* result, void* message, const void* a, const void* b, size_t n,
               const ReduceSpec& spec, bool finalize) override;
-  void copy(void* out0, void* out1, const void* src, size_t bytes) override;
-  void convert(void* out0, void* out1, const void* src, bool srcIsWire, size_t n,
+  void copy(void* result, void* message, const void* src, size_t bytes) override;
+  void convert(void* result, void* message, const void* src, bool srcIsWire, size_t n,
                const ReduceSpec& spec) override;
 };
 

@@ -1,7 +1,5 @@
 #include "cpu/shm_board.h"
 
-#include <unistd.h>
-
 #include <cstring>
 
 #include "ringcomm/error.h"
@@ -29,24 +27,19 @@ bool reached(uint32_t count, uint32_t round) { return static_cast<int32_t>(count
 
 ShmBoard ShmBoard::create(size_t publishBytes, int ownerRank) {
   ShmBoard board;
-  board.segment_ = ShmSegment::create(boardBytes(publishBytes), ownerRank);
-  auto* control = new (board.segment_.data()) BoardControl();
-  control->publishBytes = publishBytes;
-  control->ownerRank = ownerRank;
-  control->ownerPid = getpid();
-  control->magic = kBoardMagic;
-  board.control_ = control;
+  board.segment_ = ControlledSegment<BoardControl>::create(
+      boardBytes(publishBytes), ownerRank, kBoardMagic,
+      [&](BoardControl& control) { control.publishBytes = publishBytes; });
+  board.control_ = board.segment_.control();
   return board;
 }
 
 ShmBoard ShmBoard::attach(const std::string& name) {
   ShmBoard board;
-  board.segment_ = ShmSegment::attach(name, "publication board");
-  const size_t bytes = board.segment_.size();
-  board.control_ = static_cast<BoardControl*>(board.segment_.data());
-  RC_CHECK(bytes >= sizeof(BoardControl) && board.control_->magic == kBoardMagic &&
-               boardBytes(board.control_->publishBytes) == bytes,
-           "shared memory ", name, " is not a ringcomm publication board");
+  board.segment_ = ControlledSegment<BoardControl>::attach(
+      name, "publication board", kBoardMagic,
+      [](const BoardControl& control) { return boardBytes(control.publishBytes); });
+  board.control_ = board.segment_.control();
   return board;
 }
 
@@ -77,7 +70,7 @@ const void* ShmBoard::read(int phase, uint32_t round, const Envelope& expected,
   }
   const PublicationHeader* got = header(phase, round);
   if (got->envelope == expected) return got + 1;
-  RC_THROW_AS(MismatchError, "collective mismatch: rank ", control_->ownerRank, " published ",
+  RC_THROW_AS(MismatchError, "collective mismatch: rank ", control_->header.ownerRank, " published ",
               describeEnvelope(got->envelope), " but this rank is running ",
               describeEnvelope(expected));
 }

@@ -19,10 +19,8 @@
 namespace ringcomm {
 
 struct alignas(64) BoardControl {
-  uint64_t magic;
+  SegmentHeader header;
   uint64_t publishBytes;
-  int32_t ownerRank;
-  int32_t ownerPid;
   alignas(64) std::atomic<uint32_t> published[2];  // rounds published, per phase
   std::atomic<uint32_t> sleepers[2];               // readers asleep on published[phase]
   alignas(64) std::atomic<uint32_t> aborted;
@@ -43,7 +41,7 @@ class ShmBoard {
   const std::string& name() const { return segment_.name(); }
   void unlinkName() { segment_.unlinkName(); }
   bool valid() const { return control_ != nullptr; }
-  Peer owner() const { return Peer{control_->ownerRank, control_->ownerPid}; }
+  Peer owner() const { return Peer{control_->header.ownerRank, control_->header.ownerPid}; }
 
   // Owner: where round `round`'s publication of `phase` goes, then publishing it.
   void* area(int phase, uint32_t round) const;
@@ -59,8 +57,8 @@ class ShmBoard {
   PublicationHeader* header(int phase, uint32_t round) const;
   void throwIfAborted() const;
 
-  ShmSegment segment_;
-  BoardControl* control_ = nullptr;
+  ControlledSegment<BoardControl> segment_;
+  BoardControl* control_ = nullptr;  // segment_'s
 };
 
 }  // namespace ringcomm

@@ -26,26 +26,23 @@ size_t segmentBytes(size_t slotBytes, uint32_t slotCount) {
 ShmChannel ShmChannel::create(size_t slotBytes, uint32_t slotCount, int ownerRank) {
   RC_CHECK(slotCount >= 2, "a shared-memory channel needs at least 2 slots");
   ShmChannel channel;
-  channel.segment_ = ShmSegment::create(segmentBytes(slotBytes, slotCount), ownerRank);
-  auto* control = new (channel.segment_.data()) ChannelControl();
-  control->slotBytes = slotBytes;
-  control->slotCount = slotCount;
-  control->messageCount = messageCount(slotCount);
-  control->ownerRank = ownerRank;
-  control->senderPid = getpid();
-  control->magic = kMagic;
-  channel.control_ = control;
+  channel.segment_ = ControlledSegment<ChannelControl>::create(
+      segmentBytes(slotBytes, slotCount), ownerRank, kMagic, [&](ChannelControl& control) {
+        control.slotBytes = slotBytes;
+        control.slotCount = slotCount;
+        control.messageCount = messageCount(slotCount);
+      });
+  channel.control_ = channel.segment_.control();
   return channel;
 }
 
 ShmChannel ShmChannel::attach(const std::string& name) {
   ShmChannel channel;
-  channel.segment_ = ShmSegment::attach(name, "shared-memory channel");
-  const size_t bytes = channel.segment_.size();
-  channel.control_ = static_cast<ChannelControl*>(channel.segment_.data());
-  RC_CHECK(bytes >= sizeof(ChannelControl) && channel.control_->magic == kMagic &&
-               segmentBytes(channel.control_->slotBytes, channel.control_->slotCount) == bytes,
-           "shared memory ", name, " is not a ringcomm channel");
+  channel.segment_ = ControlledSegment<ChannelControl>::attach(
+      name, "shared-memory channel", kMagic, [](const ChannelControl& control) {
+        return segmentBytes(control.slotBytes, control.slotCount);
+      });
+  channel.control_ = channel.segment_.control();
   return channel;
 }
 
@@ -109,7 +106,7 @@ void ShmChannel::commitSend(const Envelope& envelope) {
   SlotHeader* header = slot(slotCursor_);
   header->envelope = envelope;
   header->holds.store(1, std::memory_order_relaxed);  // the receiver's; published with head
-  commitForward(envelope, control_->ownerRank, slotCursor_++);
+  commitForward(envelope, control_->header.ownerRank, slotCursor_++);
 }
 
 void ShmChannel::commitForward(const Envelope& envelope, int originRank, uint32_t payloadIndex) {
@@ -128,7 +125,7 @@ const Message& ShmChannel::acquireRecv(const Envelope& expected, const WaitPolic
   auto arrived = [this] { return control_->head.load(std::memory_order_acquire) != cursor_; };
   if (!arrived())
     wait(arrived, control_->head, control_->receiverSleeping, policy,
-         {Peer{peerRank, control_->senderPid}, nullptr, "send a message"});
+         {Peer{peerRank, control_->header.ownerPid}, nullptr, "send a message"});
   const Message& got = *message(cursor_);
   if (got.envelope == expected) return got;
   RC_THROW_AS(MismatchError, "collective mismatch: rank ", peerRank, " sent ",

@@ -22,12 +22,10 @@
 namespace ringcomm {
 
 struct alignas(64) ChannelControl {
-  uint64_t magic;
+  SegmentHeader header;  // the owner is the sender
   uint64_t slotBytes;
   uint32_t slotCount;
   uint32_t messageCount;
-  int32_t ownerRank;
-  int32_t senderPid;
   std::atomic<int32_t> receiverPid;
   alignas(64) std::atomic<uint32_t> head;  // messages published by the sender
   std::atomic<uint32_t> receiverSleeping;  // receivers asleep on head
@@ -58,7 +56,7 @@ class ShmChannel {
   static ShmChannel attach(const std::string& name);
   // The receiving side records its process, for the sender's liveness checks.
   void claimReceiver();
-  pid_t senderPid() const { return control_->senderPid; }
+  pid_t senderPid() const { return control_->header.ownerPid; }
 
   ShmChannel() = default;
   ShmChannel(ShmChannel&& other) noexcept { *this = std::move(other); }
@@ -104,8 +102,8 @@ class ShmChannel {
             const WaitPolicy& policy, const WaitTarget& target) const;
   void throwIfAborted() const;
 
-  ShmSegment segment_;
-  ChannelControl* control_ = nullptr;
+  ControlledSegment<ChannelControl> segment_;
+  ChannelControl* control_ = nullptr;  // segment_'s
   uint32_t cursor_ = 0;         // next message this side writes (sender) or reads (receiver)
   uint32_t slotCursor_ = 0;     // next payload slot the sender fills
 };

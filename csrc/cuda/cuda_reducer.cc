@@ -7,43 +7,43 @@
 namespace ringcomm {
 inline namespace RC_KERNEL_BUILD {  // kernel_build.h
 
-void CudaReducer::reduce(void* out0, void* out1, const void* a, const void* b, size_t n,
+void CudaReducer::reduce(void* result, void* message, const void* a, const void* b, size_t n,
                          const ReduceSpec& spec, bool finalize) {
-  ReduceLaunch l;
-  l.out0 = out0;
-  l.out1 = out1;
-  l.a = a;
-  l.b = b;
-  l.n = n;
-  l.type = spec.type;
-  if (spec.wireType != spec.type) l.wireType = spec.wireType;  // launchReduce checks the pair
-  l.op = spec.op;
-  l.divisor = spec.divisor;
-  l.finalize = finalize;
-  l.smsForNccl = smsForNccl_;
-  l.device = device_;
-  launchReduce(l, stream_);
+  ReduceLaunch launch;
+  launch.result = result;
+  launch.message = message;
+  launch.a = a;
+  launch.b = b;
+  launch.n = n;
+  launch.type = spec.type;
+  if (spec.wireType != spec.type) launch.wireType = spec.wireType;  // launchReduce checks the pair
+  launch.op = spec.op;
+  launch.divisor = spec.divisor;
+  launch.finalize = finalize;
+  launch.smsForNccl = smsForNccl_;
+  launch.device = device_;
+  launchReduce(launch, stream_);
 }
 
-void CudaReducer::convert(void* out0, void* out1, const void* src, bool srcIsWire, size_t n,
+void CudaReducer::convert(void* result, void* message, const void* src, bool srcIsWire, size_t n,
                           const ReduceSpec& spec) {
-  if (spec.wireType == spec.type) return copy(out0, out1, src, n * dataTypeSize(spec.type));
+  if (spec.wireType == spec.type) return copy(result, message, src, n * dataTypeSize(spec.type));
   checkWireType(spec.type, spec.wireType);
-  ConvertLaunch l;
-  l.out0 = out0;
-  l.out1 = out1;
-  l.src = src;
-  l.srcIsWire = srcIsWire;
-  l.n = n;
-  l.wireType = spec.wireType;
-  l.smsForNccl = smsForNccl_;
-  l.device = device_;
-  launchConvert(l, stream_);
+  ConvertLaunch launch;
+  launch.result = result;
+  launch.message = message;
+  launch.src = src;
+  launch.srcIsWire = srcIsWire;
+  launch.n = n;
+  launch.wireType = spec.wireType;
+  launch.smsForNccl = smsForNccl_;
+  launch.device = device_;
+  launchConvert(launch, stream_);
 }
 
-void CudaReducer::copy(void* out0, void* out1, const void* src, size_t bytes) {
+void CudaReducer::copy(void* result, void* message, const void* src, size_t bytes) {
   if (bytes == 0) return;
-  for (void* out : {out0, out1})
+  for (void* out : {result, message})
     if (out != nullptr && out != src)
       RC_CUDA_CHECK(cudaMemcpyAsync(out, src, bytes, cudaMemcpyDeviceToDevice, stream_));
 }

@@ -18,11 +18,11 @@ class CudaReducer : public Reducer {
   CudaReducer(int device, cudaStream_t stream, int smsForNccl)
       : device_(device), stream_(stream), smsForNccl_(smsForNccl) {}
 
-  void reduce(void* out0, void* out1, const void* a, const void* b, size_t n,
+  void reduce(void* result, void* message, const void* a, const void* b, size_t n,
               const ReduceSpec& spec, bool finalize) override;
-  void copy(void* out0, void* out1, const void* src, size_t bytes) override;
+  void copy(void* result, void* message, const void* src, size_t bytes) override;
   // float32 <-> float16/bfloat16 in one kernel (a 16-bit wire); a plain copy when the types match.
-  void convert(void* out0, void* out1, const void* src, bool srcIsWire, size_t n,
+  void convert(void* result, void* message, const void* src, bool srcIsWire, size_t n,
                const ReduceSpec& spec) override;
 
   cudaStream_t stream() const { return stream_; }

@@ -25,7 +25,7 @@
 
 namespace ringcomm {
 inline namespace RC_KERNEL_BUILD {  // see reduce_kernels.h
-namespace kern {
+namespace kernels {
 
 constexpr int kThreads = 256;
 constexpr int kMaxDevices = 64;
@@ -81,8 +81,9 @@ struct Epilogue {
   A divisor;
   bool divide;
 
-  static Epilogue from(const ReduceLaunch& l) {
-    return {static_cast<A>(l.divisor), l.finalize && l.op == RedOp::Avg && l.divisor != 1};
+  static Epilogue from(const ReduceLaunch& launch) {
+    return {static_cast<A>(launch.divisor),
+            launch.finalize && launch.op == RedOp::Avg && launch.divisor != 1};
   }
   __device__ __forceinline__ A operator()(A r) const {
     if (divide) r = static_cast<A>(r / divisor);
@@ -103,8 +104,8 @@ struct Range {
 struct Views {
   const uint4* a;
   const uint4* b;
-  uint4* o0;
-  uint4* o1;
+  uint4* result;
+  uint4* message;
 };
 template <typename T>
 __device__ __forceinline__ const uint4* vecIn(const T* p, size_t head) {
@@ -251,8 +252,8 @@ void launchOver(void (*kernel)(P), P& p, size_t n, size_t head, size_t perVec, i
 }
 
 // float32 data on a 16-bit wire; op is SUM/PROD/MIN/MAX (wire_kernels.cu).
-void launchWireReduce(RedOp op, const ReduceLaunch& l, cudaStream_t stream);
+void launchWireReduce(RedOp op, const ReduceLaunch& launch, cudaStream_t stream);
 
-}  // namespace kern
+}  // namespace kernels
 }  // inline namespace RC_KERNEL_BUILD
 }  // namespace ringcomm

@@ -1,4 +1,5 @@
-// Elementwise reduction kernels: out0 and/or out1 = op(a, b) for one dtype and op, on a stream.
+// Elementwise reduction kernels: result and/or message = op(a, b) for one dtype and op, on a
+// stream (the rank's result and the next hop's message, as in Reducer::reduce).
 // Plain C++ header (no CUDA includes) so host code and bindings can call it; the stream is a
 // cudaStream_t passed as void*.
 #pragma once
@@ -13,14 +14,14 @@ namespace ringcomm {
 inline namespace RC_KERNEL_BUILD {
 
 struct ReduceLaunch {
-  void* out0 = nullptr;  // either output may be null; outputs may alias a or b
-  void* out1 = nullptr;
+  void* result = nullptr;  // either output may be null; outputs may alias a or b
+  void* message = nullptr;
   const void* a = nullptr;
   const void* b = nullptr;
   size_t n = 0;  // elements
-  DataType type = DataType::Float32;   // out0 and a
-  // out1 and b, when they differ from `type`: float16 or bfloat16 under float32 (a 16-bit
-  // wire). Accumulation stays float32; when out1 is written, out0 gets the value rounded to
+  DataType type = DataType::Float32;   // result and a
+  // message and b, when they differ from `type`: float16 or bfloat16 under float32 (a 16-bit
+  // wire). Accumulation stays float32; when message is written, result gets the value rounded to
   // the wire type, as in csrc/cpu/cpu_reducer.cc.
   std::optional<DataType> wireType;
   RedOp op = RedOp::Sum;
@@ -37,12 +38,12 @@ struct ReduceLaunch {
 // ringcomm::Error for a bad wire type.
 void launchReduce(const ReduceLaunch& launch, void* stream);
 
-// Between float32 (out0) and a 16-bit wire type (out1) for n elements. src is in the wire type
-// when srcIsWire (out1 = src, out0 = src widened), else float32 (out1 = src rounded to nearest
-// even, out0 = src). Either output may be null or be src itself.
+// Between float32 (result) and a 16-bit wire type (message) for n elements. src is in the wire
+// type when srcIsWire (message = src, result = src widened), else float32 (message = src rounded
+// to nearest even, result = src). Either output may be null or be src itself.
 struct ConvertLaunch {
-  void* out0 = nullptr;
-  void* out1 = nullptr;
+  void* result = nullptr;
+  void* message = nullptr;
   const void* src = nullptr;
   bool srcIsWire = false;
   size_t n = 0;  // elements

@@ -1,8 +1,8 @@
 // float32 buffers on a 16-bit wire W (Fp16 or Bf16): the reduce kernels (2x4 instantiations)
 // and the float32 <-> W conversions (2x2), with their launchers and launchConvert.
 //
-// A vector is 8 elements: two 16-byte float loads and one 16-byte wire load. When out1 (W) is
-// written, out0 (float32) gets the value after the round trip through W, so the rank that keeps
+// A vector is 8 elements: two 16-byte float loads and one 16-byte wire load. When message (W) is
+// written, result (float32) gets the value after the round trip through W, so the rank that keeps
 // a result holds the bits the others receive.
 #include <cstdint>
 
@@ -12,7 +12,7 @@
 
 namespace ringcomm {
 inline namespace RC_KERNEL_BUILD {  // kernel_build.h
-using namespace kern;
+using namespace kernels;
 namespace {
 
 constexpr int kWirePerVec = 8;
@@ -33,17 +33,17 @@ __device__ __forceinline__ void loadFloats(FloatVec& x, const uint4* v, size_t i
 }
 __device__ __forceinline__ void storeBoth(const Views& v, const FloatVec& x, const WireVec& y,
                                           size_t i) {
-  if (v.o0) {
-    v.o0[2 * i] = x.raw[0];
-    v.o0[2 * i + 1] = x.raw[1];
+  if (v.result) {
+    v.result[2 * i] = x.raw[0];
+    v.result[2 * i + 1] = x.raw[1];
   }
-  if (v.o1) v.o1[i] = y.raw;
+  if (v.message) v.message[i] = y.raw;
 }
 
 // -- reduce: out = op(a float32, b in W) ----------------------------------------------------------
 struct MixedParams {
-  float* out0;
-  uint16_t* out1;
+  float* result;
+  uint16_t* message;
   const float* a;
   const uint16_t* b;
   size_t n, head, vecs;  // as in Range
@@ -58,65 +58,47 @@ __device__ __forceinline__ float mixedValue(float x, uint16_t y, const MixedPara
 template <typename W, RedOp Op>
 __device__ __forceinline__ void mixedAt(const MixedParams& p, size_t i) {
   float r = mixedValue<W, Op>(p.a[i], p.b[i], p);
-  if (p.out1) {
+  if (p.message) {
     const uint16_t w = W::store(r);
-    p.out1[i] = w;
+    p.message[i] = w;
     r = W::load(w);
   }
-  if (p.out0) p.out0[i] = r;
+  if (p.result) p.result[i] = r;
 }
 
-// Written out rather than through walk(): through walk() ptxas gives some of these 44-48
-// register kernels 56-60 registers (one block per SM fewer).
 template <typename W, RedOp Op>
 __global__ void __launch_bounds__(kThreads) mixedReduceKernel(const MixedParams p) {
-  const size_t tid = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
-  const size_t stride = gridDim.x * static_cast<size_t>(blockDim.x);
-
-  for (size_t i = tid; i < p.head; i += stride) mixedAt<W, Op>(p, i);
-
-  const uint4* va = reinterpret_cast<const uint4*>(p.a + p.head);  // two per vector
-  const uint4* vb = reinterpret_cast<const uint4*>(p.b + p.head);
-  uint4* vo0 = p.out0 ? reinterpret_cast<uint4*>(p.out0 + p.head) : nullptr;
-  uint4* vo1 = p.out1 ? reinterpret_cast<uint4*>(p.out1 + p.head) : nullptr;
-  for (size_t base = tid; base < p.vecs; base += stride * kWireUnroll) {
-    FloatVec x[kWireUnroll];
-    WireVec y[kWireUnroll];
-#pragma unroll
-    for (int u = 0; u < kWireUnroll; ++u) {
-      const size_t i = base + u * stride;
-      if (i < p.vecs) {
-        loadFloats(x[u], va, i);
-        y[u].raw = vb[i];
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kWireUnroll; ++u) {
-      const size_t i = base + u * stride;
-      if (i < p.vecs) {
+  walk<kWirePerVec, kWireUnroll, FloatVec, WireVec>(
+      p, [&](size_t i) { mixedAt<W, Op>(p, i); },
+      [&] {  // a: float32 (two uint4 per vector), b: the wire
+        return Views{vecIn(p.a, p.head), vecIn(p.b, p.head), vecOut(p.result, p.head),
+                     vecOut(p.message, p.head)};
+      },
+      [&](const Views& v, FloatVec& x, WireVec& y, size_t i) {
+        loadFloats(x, v.a, i);
+        y.raw = v.b[i];
+      },
+      [&](const Views& v, FloatVec& x, WireVec& y, size_t i) {
 #pragma unroll
         for (int k = 0; k < kWirePerVec; ++k) {
-          float r = mixedValue<W, Op>(x[u].e[k], y[u].e[k], p);
-          if (vo1) {
-            y[u].e[k] = W::store(r);
-            r = W::load(y[u].e[k]);
+          float r = mixedValue<W, Op>(x.e[k], y.e[k], p);
+          if (v.message) {
+            y.e[k] = W::store(r);
+            r = W::load(y.e[k]);
           }
-          x[u].e[k] = r;
+          x.e[k] = r;
         }
-        storeBoth({nullptr, nullptr, vo0, vo1}, x[u], y[u], i);
-      }
-    }
-  }
-
-  for (size_t i = p.head + p.vecs * kWirePerVec + tid; i < p.n; i += stride) mixedAt<W, Op>(p, i);
+        storeBoth(v, x, y, i);
+      });
 }
 
-// -- convert: out0 (float32) and out1 (W) from src ------------------------------------------------
-// src is W when kFromWire (out0 widened, out1 a copy), else float32 (out1 rounded, out0 a copy).
+// -- convert: result (float32) and message (W) from src ------------------------------------------
+// src is W when kFromWire (result widened, message a copy), else float32 (message rounded, result
+// a copy).
 // The launcher drops an output that is src itself.
 struct ConvertParams {
-  float* out0;
-  uint16_t* out1;
+  float* result;
+  uint16_t* message;
   const float* f;     // src when !kFromWire
   const uint16_t* w;  // src when kFromWire
   size_t n, head, vecs;  // as in Range
@@ -136,13 +118,13 @@ __global__ void __launch_bounds__(kThreads) convertKernel(const ConvertParams p)
           x = p.f[i];
           y = W::store(x);
         }
-        if (p.out0) p.out0[i] = x;
-        if (p.out1) p.out1[i] = y;
+        if (p.result) p.result[i] = x;
+        if (p.message) p.message[i] = y;
       },
       [&] {  // a: float32 src, b: wire src
         return Views{kFromWire ? nullptr : vecIn(p.f, p.head),
-                     kFromWire ? vecIn(p.w, p.head) : nullptr, vecOut(p.out0, p.head),
-                     vecOut(p.out1, p.head)};
+                     kFromWire ? vecIn(p.w, p.head) : nullptr, vecOut(p.result, p.head),
+                     vecOut(p.message, p.head)};
       },
       [&](const Views& v, FloatVec& x, WireVec& y, size_t i) {
         if constexpr (kFromWire)
@@ -165,56 +147,58 @@ __global__ void __launch_bounds__(kThreads) convertKernel(const ConvertParams p)
 // -- host side ------------------------------------------------------------------------------------
 
 template <typename W, RedOp Op>
-void launchMixedTyped(const ReduceLaunch& l, cudaStream_t stream) {
+void launchMixedTyped(const ReduceLaunch& launch, cudaStream_t stream) {
   MixedParams p;
-  p.out0 = static_cast<float*>(l.out0);
-  p.out1 = static_cast<uint16_t*>(l.out1);
-  p.a = static_cast<const float*>(l.a);
-  p.b = static_cast<const uint16_t*>(l.b);
-  p.fin = Epilogue<float>::from(l);
-  const size_t head = alignedHead({{l.out0, 4}, {l.out1, 2}, {l.a, 4}, {l.b, 2}}, kWirePerVec);
-  launchOver(mixedReduceKernel<W, Op>, p, l.n, head, kWirePerVec, l.smsForNccl, l.device,
-             stream);
-}
-
-template <typename W>
-void launchMixed(RedOp op, const ReduceLaunch& l, cudaStream_t s) {
-  if (!withOp<false>(op, [&](auto tag) { launchMixedTyped<W, decltype(tag)::value>(l, s); }))
-    RC_THROW("op '", redOpName(l.op), "' is not defined for float32 data on a 16-bit wire");
-}
-
-template <typename W>
-void launchConvertTyped(const ConvertLaunch& l, cudaStream_t stream) {
-  ConvertParams p;
-  p.out0 = static_cast<float*>(l.out0);
-  p.out1 = static_cast<uint16_t*>(l.out1);
-  p.f = l.srcIsWire ? nullptr : static_cast<const float*>(l.src);
-  p.w = l.srcIsWire ? static_cast<const uint16_t*>(l.src) : nullptr;
+  p.result = static_cast<float*>(launch.result);
+  p.message = static_cast<uint16_t*>(launch.message);
+  p.a = static_cast<const float*>(launch.a);
+  p.b = static_cast<const uint16_t*>(launch.b);
+  p.fin = Epilogue<float>::from(launch);
   const size_t head = alignedHead(
-      {{l.out0, 4}, {l.out1, 2}, {l.src, l.srcIsWire ? 2u : 4u}}, kWirePerVec);
-  launchOver(l.srcIsWire ? convertKernel<W, true> : convertKernel<W, false>, p, l.n, head,
-             kWirePerVec, l.smsForNccl, l.device, stream);
+      {{launch.result, 4}, {launch.message, 2}, {launch.a, 4}, {launch.b, 2}}, kWirePerVec);
+  launchOver(mixedReduceKernel<W, Op>, p, launch.n, head, kWirePerVec, launch.smsForNccl,
+             launch.device, stream);
+}
+
+template <typename W>
+void launchMixed(RedOp op, const ReduceLaunch& launch, cudaStream_t s) {
+  if (!withOp<false>(op, [&](auto tag) { launchMixedTyped<W, decltype(tag)::value>(launch, s); }))
+    RC_THROW("op '", redOpName(launch.op), "' is not defined for float32 data on a 16-bit wire");
+}
+
+template <typename W>
+void launchConvertTyped(const ConvertLaunch& launch, cudaStream_t stream) {
+  ConvertParams p;
+  p.result = static_cast<float*>(launch.result);
+  p.message = static_cast<uint16_t*>(launch.message);
+  p.f = launch.srcIsWire ? nullptr : static_cast<const float*>(launch.src);
+  p.w = launch.srcIsWire ? static_cast<const uint16_t*>(launch.src) : nullptr;
+  const size_t head = alignedHead(
+      {{launch.result, 4}, {launch.message, 2}, {launch.src, launch.srcIsWire ? 2u : 4u}},
+      kWirePerVec);
+  launchOver(launch.srcIsWire ? convertKernel<W, true> : convertKernel<W, false>, p, launch.n, head,
+             kWirePerVec, launch.smsForNccl, launch.device, stream);
 }
 
 }  // namespace
 
-void kern::launchWireReduce(RedOp op, const ReduceLaunch& l, cudaStream_t stream) {
-  if (*l.wireType == DataType::BFloat16) return launchMixed<Bf16>(op, l, stream);
-  launchMixed<Fp16>(op, l, stream);
+void kernels::launchWireReduce(RedOp op, const ReduceLaunch& launch, cudaStream_t stream) {
+  if (*launch.wireType == DataType::BFloat16) return launchMixed<Bf16>(op, launch, stream);
+  launchMixed<Fp16>(op, launch, stream);
 }
 
-void launchConvert(const ConvertLaunch& launch, void* streamPtr) {
-  ConvertLaunch l = launch;
-  RC_CHECK(l.wireType == DataType::Float16 || l.wireType == DataType::BFloat16,
-           "a 16-bit wire is float16 or bfloat16, not ", dataTypeName(l.wireType));
-  RC_CHECK(l.n == 0 || l.src != nullptr, "convert source must not be null");
+void launchConvert(const ConvertLaunch& asked, void* streamPtr) {
+  ConvertLaunch launch = asked;
+  RC_CHECK(launch.wireType == DataType::Float16 || launch.wireType == DataType::BFloat16,
+           "a 16-bit wire is float16 or bfloat16, not ", dataTypeName(launch.wireType));
+  RC_CHECK(launch.n == 0 || launch.src != nullptr, "convert source must not be null");
   // The output in src's own type, at src's address, already holds the result.
-  void*& sameType = l.srcIsWire ? l.out1 : l.out0;
-  if (sameType == l.src) sameType = nullptr;
-  if (l.n == 0 || (l.out0 == nullptr && l.out1 == nullptr)) return;
+  void*& sameType = launch.srcIsWire ? launch.message : launch.result;
+  if (sameType == launch.src) sameType = nullptr;
+  if (launch.n == 0 || (launch.result == nullptr && launch.message == nullptr)) return;
   auto stream = static_cast<cudaStream_t>(streamPtr);
-  if (l.wireType == DataType::BFloat16) return launchConvertTyped<Bf16>(l, stream);
-  launchConvertTyped<Fp16>(l, stream);
+  if (launch.wireType == DataType::BFloat16) return launchConvertTyped<Bf16>(launch, stream);
+  launchConvertTyped<Fp16>(launch, stream);
 }
 
 }  // inline namespace RC_KERNEL_BUILD

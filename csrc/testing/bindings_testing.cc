@@ -1,9 +1,15 @@
-// ringcomm._C.testing: entry points that only tests and benchmarks call, kept out of the
-// package's surface (plan geometry, the CPU reducer, the yield gate; host_gpu with CUDA).
+// ringcomm._testing: entry points that only tests and benchmarks call, a module of its own so
+// that ringcomm._C holds none (plan geometry, the CPU reducer, the yield gate; with CUDA the
+// kernels, a ring's publications and host_gpu). It links the same objects of the C++ core as
+// _C and imports _C first, so the classes and enums _C registers (DataType, Transport,
+// Reducer, CudaTransportAndReducer, ...) are the ones its functions take and return; what the
+// core keeps in process-wide variables (the yield gate, the interrupt check) this module has a
+// copy of (docs/design.md, "The testing module").
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
@@ -15,6 +21,7 @@
 #include "ringcomm/communicator.h"
 #include "ringcomm/error.h"
 #include "ringcomm/schedule.h"
+#include "python/signal_check.h"
 
 namespace py = pybind11;
 
@@ -23,10 +30,7 @@ namespace {
 
 void* address(uintptr_t value) { return reinterpret_cast<void*>(value); }
 
-}  // namespace
-
-void bindTesting(py::module_& m) {
-  py::module_ testing = m.def_submodule("testing", "entry points for tests only");
+void bindCpuEntryPoints(py::module_& testing) {
   testing.def(
       "column_count",
       [](Collective collective, int worldSize, size_t count, size_t sliceElems) {
@@ -35,12 +39,12 @@ void bindTesting(py::module_& m) {
       py::arg("collective"), py::arg("world_size"), py::arg("count"), py::arg("slice_elems"));
   testing.def(
       "cpu_reduce",
-      [](uintptr_t out0, uintptr_t out1, uintptr_t a, uintptr_t b, size_t n, DataType type,
+      [](uintptr_t result, uintptr_t message, uintptr_t a, uintptr_t b, size_t n, DataType type,
          RedOp op, int divisor, bool finalize, std::optional<DataType> wire) {
-        CpuReducer().reduce(address(out0), address(out1), address(a), address(b), n,
+        CpuReducer().reduce(address(result), address(message), address(a), address(b), n,
                             ReduceSpec{type, op, divisor, wire.value_or(type)}, finalize);
       },
-      py::arg("out0"), py::arg("out1"), py::arg("a"), py::arg("b"), py::arg("n"),
+      py::arg("result"), py::arg("message"), py::arg("a"), py::arg("b"), py::arg("n"),
       py::arg("dtype"), py::arg("op"), py::arg("divisor") = 1, py::arg("finalize") = false,
       py::arg("wire_dtype") = py::none(), py::call_guard<py::gil_scoped_release>());
 
@@ -58,4 +62,34 @@ void bindTesting(py::module_& m) {
   testing.def("reset_yield_gate", &resetYieldGate);
 }
 
+}  // namespace
+
+#ifdef RINGCOMM_WITH_CUDA
+void bindHostGpu(py::module_& testing);  // testing/cuda/bindings_host_gpu.cc
+namespace testing {
+void bindDeviceEntryPoints(py::module_& m);  // testing/cuda/bindings_device.cc
+}
+#endif
+
 }  // namespace ringcomm
+
+PYBIND11_MODULE(_testing, m) {
+  m.doc() = "ringcomm's entry points for tests and benchmarks only";
+  py::module_::import("ringcomm._C");  // its types and error translators, first
+  // The waits of this module's copy of the core (host_gpu's transport) end on Ctrl-C too; what
+  // the handler raised there is raised here, else _C's translator takes the error.
+  ringcomm::python::installSignalCheck();
+  py::register_exception_translator([](std::exception_ptr thrown) {
+    try {
+      std::rethrow_exception(thrown);
+    } catch (const ringcomm::InterruptedError& e) {
+      const std::string what = std::string("ringcomm: ") + e.what();
+      if (!ringcomm::python::restoreHandlerException(what.c_str())) throw;
+    }
+  });
+  ringcomm::bindCpuEntryPoints(m);
+#ifdef RINGCOMM_WITH_CUDA
+  ringcomm::bindHostGpu(m);
+  ringcomm::testing::bindDeviceEntryPoints(m);
+#endif
+}

@@ -86,20 +86,20 @@ inline Algorithm chooseAlgorithm(Collective collective, size_t bytes, int worldS
   if (worldSize == 1 || !publications) return Algorithm::Ring;
   // At 2 ranks the ring already takes two_shot's two hops (one for reduce_scatter and
   // all_gather) and copies less: only one_shot all_reduce saves a hop there.
-  const bool saves = worldSize > 2;
+  const bool oneHopSavesAHop = worldSize > 2;
   switch (collective) {
     case Collective::AllReduce:
       // one_shot: one hop, but every rank reads N inputs; two_shot: two hops, each rank reads
       // about twice the tensor; the ring: 2(N-1) hops, bandwidth-optimal.
       if (bytes <= thresholds[Algorithm::OneShot]) return Algorithm::OneShot;
-      return saves && bytes <= thresholds[Algorithm::TwoShot] ? Algorithm::TwoShot
-                                                              : Algorithm::Ring;
+      return oneHopSavesAHop && bytes <= thresholds[Algorithm::TwoShot] ? Algorithm::TwoShot
+                                                                        : Algorithm::Ring;
     case Collective::ReduceScatter:
     case Collective::AllGather:
       // Their one_shot is two_shot's halves (it reads what the ring moves, in one hop): it
       // runs up to two_shot's threshold.
-      return saves && bytes <= thresholds[Algorithm::TwoShot] ? Algorithm::OneShot
-                                                              : Algorithm::Ring;
+      return oneHopSavesAHop && bytes <= thresholds[Algorithm::TwoShot] ? Algorithm::OneShot
+                                                                        : Algorithm::Ring;
     default:
       return Algorithm::Ring;
   }

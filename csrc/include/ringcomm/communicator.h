@@ -72,7 +72,6 @@ class Communicator {
   int rank() const { return rank_; }
   int worldSize() const { return worldSize_; }
   uint64_t sequence() const { return sequence_; }
-  bool closed() const { return closed_; }
   // What the ring's transport and the point-to-point links moved, summed (Transport::traffic).
   TrafficStats traffic() const;
   void resetTraffic();

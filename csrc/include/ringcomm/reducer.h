@@ -22,17 +22,18 @@ void checkWireType(DataType type, DataType wireType);
 class Reducer {
  public:
   virtual ~Reducer() = default;
-  // out0 and out1 (either may be null) = op(a, b) over n elements; then / divisor if finalize
-  // and the op is AVG. Outputs may alias a or b. out0 and a are in spec.type, out1 and b in
-  // spec.wireType; when both outputs are written, out0 gets the value rounded to the wire type,
+  // Two outputs, either may be null: `result`, what this rank keeps, and `message`, what goes to
+  // the next hop. result and message = op(a, b) over n elements; then / divisor if finalize and
+  // the op is AVG. Outputs may alias a or b. result and a are in spec.type, message and b in
+  // spec.wireType; when both outputs are written, result gets the value rounded to the wire type,
   // so that the rank keeping a result and the ranks receiving it hold the same bits.
-  virtual void reduce(void* out0, void* out1, const void* a, const void* b, size_t n,
+  virtual void reduce(void* result, void* message, const void* a, const void* b, size_t n,
                       const ReduceSpec& spec, bool finalize) = 0;
-  // out0 and out1 (either may be null) = src, `bytes` long.
-  virtual void copy(void* out0, void* out1, const void* src, size_t bytes) = 0;
-  // copy() between spec.type (out0) and spec.wireType (out1) for n elements; src is in the
+  // result and message (either may be null) = src, `bytes` long.
+  virtual void copy(void* result, void* message, const void* src, size_t bytes) = 0;
+  // copy() between spec.type (result) and spec.wireType (message) for n elements; src is in the
   // wire type when srcIsWire. Reducers without 16-bit wire support raise.
-  virtual void convert(void* out0, void* out1, const void* src, bool srcIsWire, size_t n,
+  virtual void convert(void* result, void* message, const void* src, bool srcIsWire, size_t n,
                        const ReduceSpec& spec);
 };
 

@@ -1,4 +1,4 @@
-// ringcomm._C.testing.host_gpu: the real NcclTransport over the host implementation of CUDA and
+// ringcomm._testing.host_gpu: the real NcclTransport over the host implementation of CUDA and
 // NCCL (host_gpu.h), reducing with the real CudaReducer and its kernels executed on the CPU
 // (kernel_runtime.h), for the CPU tests. Ranks are threads of one process.
 #include <pybind11/pybind11.h>
@@ -39,7 +39,9 @@ void runKernelsOnHostStreams() {
   });
 }
 
-struct HostGpuRing {
+// What a communicator over the host implementation runs: the NCCL transport that ships and the
+// host build of its reducer.
+struct HostGpuTransportAndReducer {
   std::shared_ptr<NcclTransport> transport;
   std::shared_ptr<Reducer> reducer;  // the host build of CudaReducer
 };
@@ -99,7 +101,8 @@ void runPublications(NcclTransport& transport, int rank, const py::list& program
 void bindHostGpu(py::module_& testing) {
   auto m = testing.def_submodule("host_gpu", "CUDA and NCCL on the host, for the CPU tests");
   auto release = py::call_guard<py::gil_scoped_release>();
-  py::class_<HostGpuRing, std::shared_ptr<HostGpuRing>>(m, "Ring")
+  using Handle = HostGpuTransportAndReducer;
+  py::class_<Handle, std::shared_ptr<Handle>>(m, "TransportAndReducer")
       .def(py::init([](int rank, int worldSize, const py::bytes& uniqueId, size_t sliceBytes,
                        int slots, size_t publishBytes, double timeout, bool cudaGraphs,
                        int smsForNccl) {
@@ -115,35 +118,31 @@ void bindHostGpu(py::module_& testing) {
              o.smsForNccl = smsForNccl;
              o.api = &hostgpu::api();
              py::gil_scoped_release unlocked;  // creation waits for every rank
-             auto ring = std::make_shared<HostGpuRing>();
-             ring->transport = std::make_shared<NcclTransport>(o);
+             auto handle = std::make_shared<Handle>();
+             handle->transport = std::make_shared<NcclTransport>(o);
              runKernelsOnHostStreams();
-             ring->reducer = hostkern::makeCudaReducer(o.device, ring->transport->computeStream(),
-                                                       o.smsForNccl);
-             return ring;
+             handle->reducer = hostkern::makeCudaReducer(
+                 o.device, handle->transport->computeStream(), o.smsForNccl);
+             return handle;
            }),
            py::arg("rank"), py::arg("world_size"), py::arg("unique_id"),
            py::arg("slice_bytes"), py::arg("slots"), py::arg("publish_bytes"), py::arg("timeout"),
            py::arg("cuda_graphs"), py::arg("nccl_sms"))
-      .def_property_readonly("transport",
-                             [](const HostGpuRing& r) -> std::shared_ptr<Transport> {
-                               return r.transport;
-                             })
-      .def_property_readonly("reducer",
-                             [](const HostGpuRing& r) -> std::shared_ptr<Reducer> {
-                               return r.reducer;
-                             })
-      .def("synchronize", [](HostGpuRing& r, double timeout) { r.transport->synchronize(timeout); },
+      .def_property_readonly(
+          "transport", [](const Handle& h) -> std::shared_ptr<Transport> { return h.transport; })
+      .def_property_readonly(
+          "reducer", [](const Handle& h) -> std::shared_ptr<Reducer> { return h.reducer; })
+      .def("synchronize", [](Handle& h, double timeout) { h.transport->synchronize(timeout); },
            py::arg("timeout") = 0.0, release)
-      .def("query", [](HostGpuRing& r) { return r.transport->query(); }, release)
+      .def("query", [](Handle& h) { return h.transport->query(); }, release)
       .def("run_publications",
-           [](HostGpuRing& r, int rank, const py::list& program) {
-             runPublications(*r.transport, rank, program);
+           [](Handle& h, int rank, const py::list& program) {
+             runPublications(*h.transport, rank, program);
            },
            py::arg("rank"), py::arg("program"))
-      .def("release", [](HostGpuRing& r) {
-        r.reducer.reset();
-        r.transport.reset();
+      .def("release", [](Handle& h) {
+        h.reducer.reset();
+        h.transport.reset();
       }, release);
   m.def("synchronize_caller", [] { hostgpu::api().cudaStreamSynchronize(nullptr); }, release,
         "Waits for the calling thread's default stream (where its collectives end)");

@@ -1,5 +1,5 @@
 // The host implementation of GpuApi described in host_gpu.h: the table and the bookkeeping
-// (host_cuda.cc and host_nccl.cc hold the functions).
+// (host_cuda.cc, host_graphs.cc and host_nccl.cc hold the functions).
 #include "testing/cuda/host_gpu.h"
 
 #include <mutex>

@@ -1,6 +1,6 @@
-// Test-only: what the host implementation's parts (host_cuda.cc: streams, events, graphs,
-// memory; host_nccl.cc: communicators and groups; host_gpu.cc: the table and the bookkeeping)
-// share. See host_gpu.h.
+// Test-only: what the host implementation's parts (host_cuda.cc: streams, events, memory;
+// host_graphs.cc: capture and graphs; host_nccl.cc: communicators and groups; host_gpu.cc: the
+// table and the bookkeeping) share. See host_gpu.h.
 #pragma once
 
 #include <functional>

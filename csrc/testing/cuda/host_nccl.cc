@@ -1,7 +1,8 @@
-// The host implementation's NCCL: communicators keyed by unique id, groups, pairing, connecting,
-// non-blocking calls and abort (see host_gpu.h).
+// The host implementation's NCCL calls: communicators keyed by unique id, groups, non-blocking
+// calls and abort (see host_gpu.h); their pairing and connecting are host_nccl_world.cc's.
 #include "testing/cuda/host_internal.h"
 #include "testing/cuda/host_gpu.h"
+#include "testing/cuda/host_nccl_world.h"
 
 #include <algorithm>
 #include <atomic>
@@ -22,52 +23,6 @@ namespace {
 
 std::atomic<int> stallRank{-1}, stallGroups{-1};
 std::atomic<bool> postsInProgress{false};
-
-
-struct Comm;
-
-struct Operation {
-  Comm* comm = nullptr;
-  bool send = false;
-  int peer = -1;
-  void* data = nullptr;
-  size_t bytes = 0;
-  cudaStream_t stream = nullptr;
-  bool done = false;
-};
-
-struct World {
-  explicit World(int size) : size(size), comms(size, nullptr), wants(size, std::vector<bool>(size)) {}
-  const int size;
-  std::mutex mutex;  // everything below, and every Comm's `aborted`, `groups` and `pending`
-  std::condition_variable changed;
-  std::vector<Comm*> comms;  // joined ranks
-  std::vector<std::vector<bool>> wants;  // wants[a][b]: rank a has asked to connect to b
-  // (sender, receiver) -> operations posted and not yet matched, in order
-  std::map<std::pair<int, int>, std::deque<std::shared_ptr<Operation>>> sends, receives;
-};
-
-struct Comm {
-  std::shared_ptr<World> world;
-  int rank = 0;
-  bool blocking = true;
-  std::atomic<ncclResult_t> state{ncclSuccess};  // ncclCommGetAsyncError's answer
-  std::atomic<int> callers{0};
-  std::atomic<bool> freed{false};
-  bool aborted = false;
-  std::set<int> connected;
-  int groups = 0;
-  int pending = 0;  // stream work of this communicator not yet finished
-  int stallAfter = -1;
-  std::thread job;  // the non-blocking call in progress
-  std::string lastError;
-
-  // A communicator never destroyed (a process may leave NCCL's to its exit, as a communicator
-  // whose collectives a live graph holds does) ends with the process, whatever it was doing.
-  ~Comm() {
-    if (job.joinable()) job.detach();
-  }
-};
 
 std::mutex worldsMutex;
 std::map<std::string, std::shared_ptr<World>> worlds;
@@ -92,86 +47,6 @@ class Entered {
  private:
   Comm* c_;
 };
-
-// Pairs the heads of (a, b)'s queues while both have one; world mutex held.
-void match(World& w, std::pair<int, int> key) {
-  auto& sends = w.sends[key];
-  auto& receives = w.receives[key];
-  while (!sends.empty() && !receives.empty()) {
-    std::shared_ptr<Operation> s = sends.front(), r = receives.front();
-    sends.pop_front();
-    receives.pop_front();
-    if (s->bytes != r->bytes) {
-      const std::string why = "message truncated: rank " + std::to_string(key.first) + " sent " +
-                              std::to_string(s->bytes) + " bytes to rank " +
-                              std::to_string(key.second) + ", which expected " +
-                              std::to_string(r->bytes);
-      for (Comm* c : {s->comm, r->comm}) {
-        c->lastError = why;
-        c->state = ncclInvalidUsage;
-      }
-      continue;  // neither completes: the transports' timeouts and async-error polls see it
-    }
-    if (s->bytes > 0) std::memcpy(r->data, s->data, s->bytes);
-    s->done = r->done = true;
-  }
-}
-
-// One group's stream work: post fresh copies of its operations (a graph runs it again at every
-// launch), wait until all completed or the communicator was aborted.
-void runGroup(Comm* c, const std::vector<std::shared_ptr<Operation>>& posted, bool stalled,
-              bool counted) {
-  std::vector<std::shared_ptr<Operation>> ops;
-  for (auto& op : posted) ops.push_back(std::make_shared<Operation>(*op));
-  World& w = *c->world;
-  std::unique_lock<std::mutex> lock(w.mutex);
-  if (!stalled && !c->aborted) {
-    for (auto& op : ops) {
-      const auto key = op->send ? std::make_pair(c->rank, op->peer) : std::make_pair(op->peer, c->rank);
-      (op->send ? w.sends : w.receives)[key].push_back(op);
-      match(w, key);
-    }
-    w.changed.notify_all();
-  }
-  w.changed.wait(lock, [&] {
-    return c->aborted || std::all_of(ops.begin(), ops.end(), [](auto& op) { return op->done; });
-  });
-  if (counted) --c->pending;
-  w.changed.notify_all();
-}
-
-// Connects to every peer of `ops` not yet connected: asks for all of them at once (as NCCL's
-// setup does, so peers asked in different orders cannot wait on each other in a cycle), then
-// waits for each to ask for this rank too. False when the communicator was aborted meanwhile.
-bool connect(Comm* c, const std::vector<std::shared_ptr<Operation>>& ops, bool stalled) {
-  World& w = *c->world;
-  std::unique_lock<std::mutex> lock(w.mutex);
-  if (stalled) {  // a dead rank connects to nobody new
-    w.changed.wait(lock, [&] {
-      return c->aborted || std::all_of(ops.begin(), ops.end(),
-                                       [&](auto& op) { return c->connected.count(op->peer) > 0; });
-    });
-    return !c->aborted;
-  }
-  for (auto& op : ops) w.wants[c->rank][op->peer] = true;
-  w.changed.notify_all();
-  for (auto& op : ops) {
-    w.changed.wait(lock, [&] { return c->aborted || w.wants[op->peer][c->rank]; });
-    if (c->aborted) return false;
-    c->connected.insert(op->peer);
-  }
-  return true;
-}
-
-void enqueue(Comm* c, std::vector<std::shared_ptr<Operation>> ops, bool stalled) {
-  const cudaStream_t s = ops.front()->stream;
-  const bool counted = !capturing(s);  // finalize waits for eager work only
-  if (counted) {
-    std::lock_guard<std::mutex> lock(c->world->mutex);
-    ++c->pending;
-  }
-  submit(s, [c, ops, stalled, counted] { runGroup(c, ops, stalled, counted); });
-}
 
 // Runs `work` as the communicator's non-blocking call in progress.
 ncclResult_t inBackground(Comm* c, std::function<ncclResult_t()> work) {

@@ -1,0 +1,31 @@
+// What the binding files of ringcomm._C (csrc/python/bind_*.cc, gathered by csrc/bindings.cc)
+// share: raw addresses from Python integers, CommOptions' threshold names, and each area's
+// binding function.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "ringcomm/algorithms.h"
+
+namespace pybind11 {
+class module_;
+}
+
+namespace ringcomm::python {
+
+inline void* address(uintptr_t value) { return reinterpret_cast<void*>(value); }
+
+// CommOptions' field for an algorithm's auto threshold: "<name>_max_bytes".
+std::string thresholdName(const AlgorithmInfo& row);
+// Thresholds by their CommOptions names; the ones not given keep kAlgorithms' defaults.
+AlgorithmThresholds thresholdsFrom(const std::map<std::string, size_t>& given);
+
+void bindTables(pybind11::module_& m);         // enums, kCollectives' columns, build_info
+void bindPlans(pybind11::module_& m);          // make_plan, choose_algorithm
+void bindRequest(pybind11::module_& m);        // CollectiveRequest and its debug header
+void bindTransports(pybind11::module_& m);     // Transport, Reducer and the CPU ones
+void bindCommunicator(pybind11::module_& m);   // Communicator, its traffic
+
+}  // namespace ringcomm::python
