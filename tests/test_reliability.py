@@ -71,23 +71,20 @@ def test_waiters_stop_yielding_when_yields_lose_the_core():
     """Beside busy processes a sched_yield hands the core away for a scheduler slice: 4 slow
     yields (> 500 us) in a window of 16 turn yielding off for a second; fewer, or a window of
     fast ones in between, do not."""
-    from ringcomm import _testing as T
-    try:
-        T.reset_yield_gate()
-        for _ in range(3):
-            T.note_yield(5000)
-        for _ in range(13):  # completes the window: the 3 slow ones are forgotten
-            T.note_yield(20)
-        T.note_yield(5000)
-        assert not T.yields_are_slow()
-        for _ in range(2):
-            T.note_yield(5000)
-        assert not T.yields_are_slow()  # 3 slow in this window
-        T.note_yield(600)
-        assert T.yields_are_slow()
-    finally:
-        T.reset_yield_gate()
-    assert not T.yields_are_slow()
+    from ringcomm import _testing
+    gate = _testing.YieldGate()
+    for _ in range(3):
+        gate.note_yield(5000)
+    for _ in range(13):  # completes the window: the 3 slow ones are forgotten
+        gate.note_yield(20)
+    gate.note_yield(5000)
+    assert not gate.yields_are_slow()
+    for _ in range(2):
+        gate.note_yield(5000)
+    assert not gate.yields_are_slow()  # 3 slow in this window
+    assert gate.note_yield(600)  # the 4th turns yielding off
+    assert gate.yields_are_slow()
+    assert not _testing.YieldGate().yields_are_slow()  # a fresh gate starts with yielding on
 
 
 def test_survivors_of_a_killed_rank_raise_promptly_and_refuse_further_use():

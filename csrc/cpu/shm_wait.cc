@@ -11,40 +11,30 @@
 #include <string>
 
 namespace ringcomm {
-namespace {
 
-using Clock = std::chrono::steady_clock;
-// A yield to a peer rank returns once that rank waits again (microseconds); one that returns
-// after this long gave the core to a process that ran out its scheduler slice. Quiet, 4 ranks on
-// 2 cores: 1 yield in 5000 was that slow; beside 2 busy processes, 45%.
-constexpr auto kSlowYield = std::chrono::microseconds(500);
-// Yields are counted in windows of kWindow; kSlowInWindow slow ones in a window turn yielding
-// off for kYieldsOffFor (then it is tried again: the machine may be quiet by then).
-constexpr uint32_t kWindow = 16, kSlowInWindow = 4;
-constexpr auto kYieldsOffFor = std::chrono::seconds(1);
-std::atomic<uint32_t> yieldsInWindow{0}, slowInWindow{0};  // approximate across threads
-std::atomic<Clock::rep> yieldsOffUntil{0};                  // Clock ticks since its epoch
-
-}  // namespace
-
-bool yieldsAreSlow() {
-  return Clock::now().time_since_epoch().count() < yieldsOffUntil.load(std::memory_order_relaxed);
+bool YieldGate::yieldsAreSlow() const {
+  return Clock::now().time_since_epoch().count() < offUntil_.load(std::memory_order_relaxed);
 }
 
-bool noteYield(Clock::duration took) {
+bool YieldGate::noteYield(Clock::duration took) {
   const uint32_t slow = took > kSlowYield
-                            ? slowInWindow.fetch_add(1, std::memory_order_relaxed) + 1
-                            : slowInWindow.load(std::memory_order_relaxed);
-  const bool windowDone = yieldsInWindow.fetch_add(1, std::memory_order_relaxed) + 1 >= kWindow;
+                            ? slowInWindow_.fetch_add(1, std::memory_order_relaxed) + 1
+                            : slowInWindow_.load(std::memory_order_relaxed);
+  const bool windowDone = yieldsInWindow_.fetch_add(1, std::memory_order_relaxed) + 1 >= kWindow;
   const bool turnOff = slow >= kSlowInWindow;
   if (turnOff)
-    yieldsOffUntil.store((Clock::now() + kYieldsOffFor).time_since_epoch().count(),
-                         std::memory_order_relaxed);
+    offUntil_.store((Clock::now() + kOffFor).time_since_epoch().count(),
+                    std::memory_order_relaxed);
   if (windowDone || turnOff) {
-    yieldsInWindow.store(0, std::memory_order_relaxed);
-    slowInWindow.store(0, std::memory_order_relaxed);
+    yieldsInWindow_.store(0, std::memory_order_relaxed);
+    slowInWindow_.store(0, std::memory_order_relaxed);
   }
   return turnOff;
+}
+
+YieldGate& processYieldGate() {
+  static YieldGate gate;
+  return gate;
 }
 
 void futexWait(std::atomic<uint32_t>& word, uint32_t stale, int millis) {
@@ -55,12 +45,6 @@ void futexWait(std::atomic<uint32_t>& word, uint32_t stale, int millis) {
 void futexWakeAll(std::atomic<uint32_t>& word) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE, INT_MAX, nullptr, nullptr,
           0);
-}
-
-void resetYieldGate() {
-  yieldsOffUntil.store(0, std::memory_order_relaxed);
-  yieldsInWindow.store(0, std::memory_order_relaxed);
-  slowInWindow.store(0, std::memory_order_relaxed);
 }
 
 // A process that exited is gone (ESRCH) or a zombie its parent has not reaped yet.

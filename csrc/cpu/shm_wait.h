@@ -76,11 +76,30 @@ void checkAlive(const WaitTarget& target);
 [[noreturn]] void throwInterrupted(const WaitTarget& target);
 
 // Whether sched_yield lately lost this process its core for scheduler slices (another process
-// ran out its slice) often enough that waiters should sleep instead; noteYield says how long one
-// took, and returns whether that turned yielding off.
-bool yieldsAreSlow();
-bool noteYield(std::chrono::steady_clock::duration took);
-void resetYieldGate();  // yielding on, an empty window (for tests)
+// ran out its slice) often enough that waiters should sleep instead. Yields are counted in
+// windows of kWindow; kSlowInWindow slow ones in a window turn yielding off for kOffFor (then it
+// is tried again: the machine may be quiet by then). Counts are approximate across threads.
+class YieldGate {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // A yield to a peer rank returns once that rank waits again (microseconds); one that returns
+  // after this long gave the core to a process that ran out its scheduler slice. Quiet, 4 ranks
+  // on 2 cores: 1 yield in 5000 was that slow; beside 2 busy processes, 45%.
+  static constexpr auto kSlowYield = std::chrono::microseconds(500);
+  static constexpr uint32_t kWindow = 16, kSlowInWindow = 4;
+  static constexpr auto kOffFor = std::chrono::seconds(1);
+
+  bool yieldsAreSlow() const;
+  // How long one yield took; returns whether that turned yielding off.
+  bool noteYield(Clock::duration took);
+
+ private:
+  std::atomic<uint32_t> yieldsInWindow_{0}, slowInWindow_{0};
+  std::atomic<Clock::rep> offUntil_{0};  // Clock ticks since its epoch
+};
+
+// The gate every wait of this process consults.
+YieldGate& processYieldGate();
 
 // After making a waiter's condition true (a sequentially consistent store): wakes the waiters
 // that announced a sleep on `word`, moving `word` first when it is not the store's own word.
@@ -113,14 +132,14 @@ void waitUntil(Ready ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& 
     RC_CPU_RELAX();
     if ((i & 63) == 63 && Clock::now() > stopSpinning) break;  // a clock read per ~2 us
   }
-  if (policy.yieldMicros > 0 && !yieldsAreSlow()) {
+  if (policy.yieldMicros > 0 && !processYieldGate().yieldsAreSlow()) {
     const auto stopYielding = Clock::now() + std::chrono::microseconds(policy.yieldMicros);
     for (int round = 0; !ready(); ++round) {
       if ((round & 63) == 0) checkAbort();
       const auto before = Clock::now();
       sched_yield();
       const auto after = Clock::now();
-      if (noteYield(after - before) || after > stopYielding) break;
+      if (processYieldGate().noteYield(after - before) || after > stopYielding) break;
     }
     if (ready()) return finished(WaitStats::kYielding);
   }

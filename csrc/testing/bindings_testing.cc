@@ -48,18 +48,20 @@ void bindCpuEntryPoints(py::module_& testing) {
       py::arg("dtype"), py::arg("op"), py::arg("divisor") = 1, py::arg("finalize") = false,
       py::arg("wire_dtype") = py::none(), py::call_guard<py::gil_scoped_release>());
 
-  // The process's yield gate (shm_wait.h), driven with made-up yield durations.
-  testing.def(
-      "note_yield",
-      [](double micros) {
-        return noteYield(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-            std::chrono::duration<double, std::micro>(micros)));
-      },
-      py::arg("micros"));
-  testing.def("yields_are_slow", &yieldsAreSlow);
+  // A yield gate of its own (shm_wait.h; the process's stays untouched), driven with made-up
+  // yield durations.
+  py::class_<YieldGate>(testing, "YieldGate")
+      .def(py::init<>())
+      .def(
+          "note_yield",
+          [](YieldGate& gate, double micros) {
+            return gate.noteYield(std::chrono::duration_cast<YieldGate::Clock::duration>(
+                std::chrono::duration<double, std::micro>(micros)));
+          },
+          py::arg("micros"))
+      .def("yields_are_slow", &YieldGate::yieldsAreSlow);
   testing.def("remove_stale_segments", &ShmSegment::removeStale, py::arg("folder") = "/dev/shm",
               py::arg("min_age_seconds") = 60.0);
-  testing.def("reset_yield_gate", &resetYieldGate);
 }
 
 }  // namespace
