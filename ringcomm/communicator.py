@@ -1,9 +1,12 @@
 """Communicator: ring collectives on torch tensors, numpy arrays and cupy arrays."""
 import threading
 
+import numpy as np
+import torch
+
 from . import _C, backends, checks
-from .buffers import as_buffer, as_c_dtype
-from .in_order_queue import InOrderQueue
+from .buffers import NUMPY_C_DTYPES, TORCH_C_DTYPES, as_buffer, as_c_dtype
+from .in_order_queue import InOrderQueue, on_worker
 from .options import COLLECTIVES_WITH_ALGORITHM, CommOptions, algorithm_for
 from .ops import to_c_op
 from .point_to_point import PointToPoint
@@ -223,6 +226,52 @@ class Communicator(PointToPoint, CollectiveRouting):
         request = CollectiveRequest(_Collective.scatter, out.address, address, out.numel,
                                     out.c_dtype, _SUM, src)
         return self._route(request, out, inp if self.rank == src else None, output, async_op)
+
+    def run_in_place(self, collective, array, op=_SUM, root=0, algorithm=_RING, wire_dtype=None,
+                     async_op=False):
+        """Runs a collective that works in place (``_C.Collective.all_reduce`` or ``broadcast``)
+        on ``array``, its other arguments as raw as the C++ core takes them (``_C`` enums, the
+        root's rank); returns ``array``, or a Work with ``async_op``. What :meth:`all_reduce`
+        and :meth:`broadcast` run once they have read their keywords, and what the torch
+        backend calls.
+
+        The hot path is :meth:`try_run_now`'s, inlined: a contiguous, writable CPU torch tensor
+        or numpy array of a supported dtype, when nothing more is asked of the call, goes to the
+        ring at once, its address, count and dtype read straight into the ring's positional
+        arguments (a request object, a Buffer or one more call would each cost a tenth of such
+        a call or more). Anything else, or what the hot path declines, is checked and routed
+        as every collective is, its request built once."""
+        if not (async_op or self.debug or self.check_finite):
+            address = 0  # stays 0 unless `array` is plain CPU memory the ring can take as it is
+            if isinstance(array, torch.Tensor):
+                dtype = TORCH_C_DTYPES.get(array.dtype)
+                if dtype is not None and array.is_cpu and array.is_contiguous():
+                    address, count = array.data_ptr(), array.numel()
+            elif isinstance(array, np.ndarray):
+                dtype, flags = NUMPY_C_DTYPES.get(array.dtype), array.flags
+                if dtype is not None and flags.c_contiguous and flags.writeable:
+                    address, count = array.ctypes.data, array.size
+            if address:
+                self._lock.acquire()  # not `with`, which costs twice as much
+                try:
+                    comm = self._cpu
+                    if comm is not None and (self._queue.last is None or on_worker()):
+                        comm.run(collective, address, 0, count, dtype, op, root, algorithm,
+                                 wire_dtype, 0)
+                        return array
+                finally:
+                    self._lock.release()
+        buf = checks.writable(array, "tensor")
+        if wire_dtype == buf.c_dtype:
+            wire_dtype = None
+        request = CollectiveRequest(collective, buf.address, 0, buf.numel, buf.c_dtype, op,
+                                    root, algorithm, wire_dtype)
+        if collective == _BROADCAST:
+            checks.root(root, "src", self.world_size)
+            data = buf if self.rank == root else None
+        else:
+            data = buf
+        return self._route(request, buf, data, array, async_op)
 
     def default_algorithm(self, collective):
         """The _C.Algorithm ``collective`` (a name) runs when the call names none: the

@@ -40,9 +40,9 @@ class InOrderQueue:
             return False
         return True
 
-    def submit(self, call, result):
-        """Queues `call` after every call queued before; returns a torch Future that holds
-        `result` once `call` has run (or its exception). Collectives that `call` makes run at
+    def submit(self, result, call, *args):
+        """Queues `call(*args)` after every call queued before; returns a torch Future that
+        holds `result` once it has run (or its exception). Collectives that `call` makes run at
         once, in its place in the queue."""
         if self._worker is None:
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="ringcomm")
@@ -51,7 +51,7 @@ class InOrderQueue:
         def task():
             _on_worker.active = True
             try:
-                call()
+                call(*args)
                 future.set_result(result)
             except Exception as error:  # delivered to whoever waits on the future
                 future.set_exception(error)

@@ -4,41 +4,13 @@ then, by one decision, runs the request on a device backend, queues it behind as
 or runs it now on the calling thread."""
 import torch
 
-from . import _C, backends, checks, prechecks, waiting, work
+from . import _C, backends, prechecks, waiting, work
 from .in_order_queue import on_worker
-from .request import CollectiveRequest, in_place_on_cpu
-
-_SUM, _RING, _BROADCAST = _C.RedOp.sum, _C.Algorithm.ring, _C.Collective.broadcast
 
 
 class CollectiveRouting:
     """Runs requests for :class:`ringcomm.Communicator` (mixed into it), on its backends, lock,
     worker queue and options."""
-
-    def run_in_place(self, collective, array, op=_SUM, root=0, algorithm=_RING, wire_dtype=None,
-                     async_op=False):
-        """Runs a collective that works in place (``_C.Collective.all_reduce`` or ``broadcast``)
-        on ``array``, its other arguments as raw as the C++ core takes them (``_C`` enums, the
-        root's rank); returns ``array``, or a Work with ``async_op``. What :meth:`all_reduce`
-        and :meth:`broadcast` run once they have read their keywords, and what the torch
-        backend calls: a contiguous CPU array goes to :meth:`try_run_now`, anything else, or
-        what that declines, is checked and routed as every collective is."""
-        request = None if async_op else in_place_on_cpu(collective, array, op, root, algorithm,
-                                                        wire_dtype)
-        if request is not None and self.try_run_now(request):
-            return array
-        buf = checks.writable(array, "tensor")
-        if request is None:
-            request = CollectiveRequest(collective, buf.address, 0, buf.numel, buf.c_dtype, op,
-                                        root, algorithm, wire_dtype)
-        if wire_dtype == buf.c_dtype:
-            request.wire_dtype = None
-        if collective == _BROADCAST:
-            checks.root(root, "src", self.world_size)
-            data = buf if self.rank == root else None
-        else:
-            data = buf
-        return self._route(request, buf, data, array, async_op)
 
     def try_run_now(self, request):
         """Runs a :class:`ringcomm.request.CollectiveRequest` on the CPU ring at once, on the
@@ -67,42 +39,41 @@ class CollectiveRouting:
             comm = self._cpu
             if comm is None or (self._queue.last is not None and not on_worker()):
                 return False
-            r = request
-            comm.run(r.collective, r.output, r.input, r.count, r.dtype, r.op, r.root,
-                     r.algorithm, r.wire_dtype, 0)
+            comm.run(*request, 0)
             return True
         finally:
             self._lock.release()
 
     def _route(self, request, buf, data, result, async_op):
         """Runs a checked request whose buffers are on `buf`'s device and whose input on this
-        rank is `data` (None: it has none), by one decision: on a device backend, ordered on
-        the caller's stream there; on CPU queued on the worker thread when ``async_op`` asks
-        for it or queued calls are ahead of it (then waited for), else now on this thread.
-        Returns `result`, or a Work for it. The ``debug`` and ``check_finite`` exchanges
-        (:mod:`ringcomm.prechecks`) come first, on the calling thread."""
+        rank is `data` (None: it has none), by one decision: now, on the calling thread (on a
+        device backend: ordered on the caller's stream there), unless it is a CPU call that
+        ``async_op`` asks to queue on the worker thread or that queued calls are ahead of
+        (then it waits for its turn). Returns `result`, or a Work for it. The ``debug`` and
+        ``check_finite`` exchanges (:mod:`ringcomm.prechecks`) come first, on this thread."""
         if self.debug or self.check_finite:
             self._queue.wait_for_queued(self.abort)  # queued collectives use the ring first
             prechecks.agree(request, data, self.world_size, self.debug, self.check_finite,
-                            lambda exchange: self._call_on_device(
-                                _CPU_BUFFER, lambda comm, stream: comm.run(exchange)))
-        if buf.device != "cpu":  # device backends order it on the caller's stream: no waiting
+                            self._run_on_cpu)
+        if buf.device != "cpu" or not (async_op or self._queue.ahead()):
             self._run(request, buf)
-            if not async_op:
-                return result
+            future = None
+        else:
+            future = self._queue.submit(result, self._run, request, buf)
+        if not async_op:
+            return result if future is None else waiting.wait(future, self.abort)
+        if future is None:  # a device backend's, ordered on the caller's stream: no waiting
             return work.completed(result, torch.device(buf.device, buf.device_index))
-        if not async_op and not self._queue.ahead():
-            self._run(request, buf)
-            return result
-        future = self._queue.submit(lambda: self._run(request, buf), result)
-        if not async_op:  # queued behind async work: keep the order, then wait
-            return waiting.wait(future, self.abort)
         return work.Work(future, self.abort)
 
     def _run(self, request, buf):
         """Runs a request on the backend of its buffers' device (`buf`'s), on the caller's
         stream there."""
         self._call_on_device(buf, lambda comm, stream: comm.run(request.to_c(stream)))
+
+    def _run_on_cpu(self, c_request):
+        """Runs a _C.CollectiveRequest on the CPU ring (the prechecks' exchange)."""
+        self._call_on_device(_CPU_BUFFER, lambda comm, stream: comm.run(c_request))
 
     def _call_on_device(self, buf, call):
         """call(the _C.Communicator for the buffer's device, the caller's stream there as an

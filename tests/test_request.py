@@ -183,9 +183,8 @@ def test_try_run_now_runs_at_once_unless_checks_are_asked_for():
 
 
 def test_the_python_request_mirrors_the_c_one():
-    """ringcomm.request.CollectiveRequest: the C++ request's fields, defaults and order; what a
-    collective method builds once and the hot path reads from a plain CPU array."""
-    from ringcomm.request import CollectiveRequest, in_place_on_cpu
+    """ringcomm.request.CollectiveRequest: the C++ request's fields, defaults and order."""
+    from ringcomm.request import CollectiveRequest
 
     mine = CollectiveRequest(P.gather, 1, 2, 3, D.bfloat16, O.max, 1, A.auto, D.int8)
     theirs = mine.to_c(stream=4)
@@ -193,11 +192,5 @@ def test_the_python_request_mirrors_the_c_one():
             theirs.op, theirs.root, theirs.algorithm, theirs.wire_dtype, theirs.stream) == \
         (P.gather, 1, 2, 3, D.bfloat16, O.max, 1, A.auto, D.int8, 4)
     default, c_default = CollectiveRequest(P.all_reduce), R(P.all_reduce)
-    assert [getattr(default, f) for f in CollectiveRequest.__slots__] == \
-        [getattr(c_default, f) for f in CollectiveRequest.__slots__]
-    t = torch.ones(6)
-    request = in_place_on_cpu(P.broadcast, t, O.sum, 1)
-    assert (request.output, request.input, request.count, request.dtype, request.root) == \
-        (t.data_ptr(), 0, 6, D.float32, 1)
-    assert in_place_on_cpu(P.all_reduce, t[::2]) is None  # not contiguous: the checked route
-    assert in_place_on_cpu(P.all_reduce, torch.ones(2, dtype=torch.complex64)) is None
+    assert [getattr(default, f) for f in CollectiveRequest._fields] == \
+        [getattr(c_default, f) for f in CollectiveRequest._fields]
