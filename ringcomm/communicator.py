@@ -80,7 +80,8 @@ class Communicator(PointToPoint, CollectiveRouting):
         self._closed = False
         self._aborted = None  # why abort() was called, once it was
         if not any(b.available() for b in backends.registered().values() if b.device != "cpu"):
-            self._communicator_for("cpu", -1)  # set up eagerly: set-up errors show here, not mid-training
+            # Set up eagerly: set-up errors show here, not mid-training.
+            self._communicator_for("cpu", -1)
 
     @classmethod
     def from_store(cls, store, rank, world_size, timeout=None, **options):
@@ -151,7 +152,8 @@ class Communicator(PointToPoint, CollectiveRouting):
         checks.sizes(out.numel, inp.numel * self.world_size, "output", "world_size x input")
         checks.aliasing(out, inp, out.element_address(self.rank * inp.numel), inp_inside_out=True)
         request = CollectiveRequest(_Collective.all_gather, out.address, inp.address, inp.numel,
-                                    out.c_dtype, _SUM, 0, self._algorithm_for("all_gather", algorithm))
+                                    out.c_dtype, _SUM, 0,
+                                    self._algorithm_for("all_gather", algorithm))
         return self._route(request, out, inp, output, async_op)
 
     def broadcast(self, tensor, src=0, *, async_op=False):

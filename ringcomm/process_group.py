@@ -116,8 +116,8 @@ class ProcessGroupRingcomm(TorchPointToPoint, dist.ProcessGroup):
 
     def allreduce(self, tensors, opts=None):
         # The hot path (a contiguous CPU tensor of a supported dtype) goes straight into the
-        # C++ ring, unless the communicator's options ask for more (Communicator.run_in_place,
-        # try_run_now); the rest takes the checked route.
+        # C++ ring, unless the communicator's options ask for more; the rest takes the checked
+        # route (Communicator.run_in_place).
         op = _op(opts, "all_reduce")
         comm, algorithm = self.communicator, self._all_reduce_algorithm
 

@@ -1,7 +1,8 @@
-"""How a collective's request reaches a backend: the hot path, which hands a plain CPU call to
-the ring at once, and the checked route, which runs the ``debug``/``check_finite`` exchanges and
-then, by one decision, runs the request on a device backend, queues it behind asynchronous work,
-or runs it now on the calling thread."""
+"""How a collective's request reaches a backend: at once on the CPU ring when nothing more is
+asked of the call (:meth:`CollectiveRouting.try_run_now`; ``Communicator.run_in_place`` inlines
+it), else the checked route, which runs the ``debug``/``check_finite`` exchange and then, by one
+decision, runs the request now on the calling thread (on a device backend: on the caller's
+stream there) or queues it on the worker thread behind asynchronous work."""
 import torch
 
 from . import _C, backends, prechecks, waiting, work
@@ -81,7 +82,6 @@ class CollectiveRouting:
         with self._lock:
             comm = self._communicator_for(buf.device, buf.device_index)
             call(comm, backends.for_device(buf.device).stream(buf) or 0)
-
 
     def _communicator_for(self, device, index):
         """The _C.Communicator of a device's backend, set up on first use (every rank calls
