@@ -37,6 +37,7 @@ import launch  # noqa: E402
 
 import ringcomm  # noqa: E402
 import ringcomm.ddp  # noqa: E402
+from ringcomm.schedule import schedule  # noqa: E402
 
 HOOKS = ("allreduce_hook", "bf16_hook", "fp16_hook")
 WIRE = {"bf16_hook": torch.bfloat16, "fp16_hook": torch.float16}
@@ -113,6 +114,22 @@ def train(args, rank, world_size, hooks, comm, ringcomm_group):
 # -- accuracy ------------------------------------------------------------------------------------
 
 
+def torch_compress_hook_emulated(per_rank, dtype):
+    """What torch's bf16/fp16_compress_hook compute: each rank casts its gradient to ``dtype``
+    and divides by the world size in 16 bits, then the ring sums in 16 bits, rounding at every
+    hop (chunk c starts at rank c+1 and ends at rank c). ``per_rank``: (world_size, n)."""
+    n_ranks, n = per_rank.shape
+    parts = per_rank.to(dtype).div_(n_ranks)
+    out = torch.empty(n, dtype=dtype)
+    for c, (offset, count) in enumerate(schedule("all_reduce", n_ranks, n).chunks):
+        span = slice(offset, offset + count)
+        acc = parts[(c + 1) % n_ranks, span].clone()
+        for k in range(2, n_ranks + 1):
+            acc = acc + parts[(c + k) % n_ranks, span]
+        out[span] = acc
+    return out.float()
+
+
 def accuracy(args, rank, world_size, comm):
     """{method: (max abs error, relative L2 error)} of averaged real gradients vs float64."""
     model = make_model(args)
@@ -131,7 +148,7 @@ def accuracy(args, rank, world_size, comm):
         results[label] = comm.all_reduce(grad.clone(), op="avg", **options)
     for name, dt in WIRE.items():
         results[f"torch {name.replace('_hook', '_compress_hook')} (emulated)"] = \
-            ringcomm.ddp.compress_hook_reference(stacked, dt)
+            torch_compress_hook_emulated(stacked, dt)
     errors = {}
     for label, result in results.items():
         err = (result.double() - reference).abs()

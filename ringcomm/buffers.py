@@ -11,10 +11,11 @@ _C_DTYPES = dict(_C.DataType.__members__)
 _ITEMSIZES = {name: _C.dtype_size(c) for name, c in _C_DTYPES.items()}
 _C_INFO = {name: (c, _ITEMSIZES[name]) for name, c in _C_DTYPES.items()}
 _TORCH_DTYPES = {getattr(torch, name): name for name in _C_DTYPES}
-_TORCH_C_DTYPES = {t: _C_DTYPES[name] for t, name in _TORCH_DTYPES.items()}
+# torch and numpy dtype -> _C.DataType: what a request read straight from an array looks up.
+TORCH_C_DTYPES = {t: _C_DTYPES[name] for t, name in _TORCH_DTYPES.items()}
 _NUMPY_DTYPES = {np.dtype(name): name for name in _C_DTYPES if hasattr(np, name)}
 _NAMES_NUMPY_LACKS = {name: name for name in _C_DTYPES if not hasattr(np, name)}
-_NUMPY_C_DTYPES = {dtype: _C_DTYPES[name] for dtype, name in _NUMPY_DTYPES.items()}
+NUMPY_C_DTYPES = {dtype: _C_DTYPES[name] for dtype, name in _NUMPY_DTYPES.items()}
 # The CUDA array interface names dtypes as numpy does ("<f4"): it has none for what numpy lacks.
 _TYPESTR_DTYPES = {dtype.str: name for dtype, name in _NUMPY_DTYPES.items()}
 # Those with NaN and Inf: what check_finite looks at.
@@ -110,23 +111,6 @@ def as_c_dtype(dtype):
     if name not in _C_DTYPES:
         raise _unsupported("wire_dtype", dtype)
     return _C_DTYPES[name]
-
-
-def cpu_array(array):
-    """(address, numel, _C.DataType) of a contiguous, writable CPU torch tensor or numpy array
-    of a supported dtype, the common case, read with as few lookups as a small collective can
-    afford; None for anything else, which as_buffer then checks and, if need be, rejects with a
-    clear error."""
-    if isinstance(array, torch.Tensor):
-        c_dtype = _TORCH_C_DTYPES.get(array.dtype)
-        if c_dtype is not None and array.is_cpu and array.is_contiguous():
-            return array.data_ptr(), array.numel(), c_dtype
-    elif isinstance(array, np.ndarray):
-        c_dtype = _NUMPY_C_DTYPES.get(array.dtype)
-        flags = array.flags
-        if c_dtype is not None and flags.c_contiguous and flags.writeable:
-            return array.ctypes.data, array.size, c_dtype
-    return None
 
 
 def as_buffer(array, what="tensor"):

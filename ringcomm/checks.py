@@ -1,10 +1,7 @@
 """Argument checks that need no communication: they raise before any rank sends anything,
 so a bad call on one rank leaves every buffer untouched and the ring in step."""
-import numpy as np
-import torch
-
 from . import _C
-from .buffers import FLOATING, as_buffer
+from .buffers import as_buffer
 from .options import check_algorithm
 
 
@@ -49,20 +46,3 @@ def aliasing(out, inp, in_place_address, inp_inside_out=False):
         return
     raise ValueError("input and output overlap; the only overlap allowed is the in-place "
                      "form where the smaller one is exactly this rank's block of the larger")
-
-
-def first_non_finite(buf):
-    """Index of the first NaN/Inf element, or -1 (integers have none)."""
-    if buf.dtype not in FLOATING or buf.numel == 0:
-        return -1
-    source = buf.source
-    if isinstance(source, torch.Tensor):
-        bad = torch.nonzero(~torch.isfinite(source.reshape(-1)))
-        return int(bad[0]) if bad.numel() else -1
-    if hasattr(source, "__cuda_array_interface__"):  # cupy
-        import cupy
-
-        bad = cupy.flatnonzero(~cupy.isfinite(source.reshape(-1)))
-        return int(bad[0]) if bad.size else -1
-    bad = np.flatnonzero(~np.isfinite(np.asarray(source).reshape(-1)))
-    return int(bad[0]) if bad.size else -1

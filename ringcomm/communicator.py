@@ -1,26 +1,26 @@
 """Communicator: ring collectives on torch tensors, numpy arrays and cupy arrays."""
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import torch
 
-from . import _C, backends, checks, waiting, work
-from .buffers import as_buffer, as_c_dtype, cpu_array
+from . import _C, backends, checks
+from .buffers import NUMPY_C_DTYPES, TORCH_C_DTYPES, as_buffer, as_c_dtype
+from .in_order_queue import InOrderQueue, on_worker
 from .options import COLLECTIVES_WITH_ALGORITHM, CommOptions, algorithm_for
 from .ops import to_c_op
 from .point_to_point import PointToPoint
 from .rendezvous import Rendezvous
+from .request import CollectiveRequest
+from .routing import CollectiveRouting
 from .stats import CommStats, from_traffic
 
 _Collective = _C.Collective
 _SUM, _RING = _C.RedOp.sum, _C.Algorithm.ring
 _ALL_REDUCE, _BROADCAST = _Collective.all_reduce, _Collective.broadcast
-# Set on the worker thread while it runs a queued call: calls made from there run at once
-# (they are already in order) instead of queueing behind themselves.
-_on_worker = threading.local()
 
 
-class Communicator(PointToPoint):
+class Communicator(PointToPoint, CollectiveRouting):
     """One rank's handle on ringcomm rings over a torch.distributed group.
 
     Call it on every rank after ``torch.distributed.init_process_group(...)``; rank, world size
@@ -69,19 +69,19 @@ class Communicator(PointToPoint):
         self._backends = {}
         self._cpu = None  # the CPU ring's _C.Communicator once set up, until closed
         self._lock = threading.Lock()
-        self._worker = None  # runs async_op collectives on CPU, in order
+        self._queue = InOrderQueue()  # async_op collectives on CPU, in call order
         self._links = None  # point-to-point links, set up on first use
         # What each collective that takes algorithm= runs without one: the option's where it
         # plans that collective, else the ring.
         self._default_algorithms = {
             name: checks.algorithm(algorithm_for(self.options.algorithm, name))
             for name in COLLECTIVES_WITH_ALGORITHM}
-        self._last = None
         self._stats_base = {}  # backend -> collectives run before the last reset_stats
         self._closed = False
         self._aborted = None  # why abort() was called, once it was
         if not any(b.available() for b in backends.registered().values() if b.device != "cpu"):
-            self._backend("cpu", -1)  # set up eagerly: set-up errors show here, not mid-training
+            # Set up eagerly: set-up errors show here, not mid-training.
+            self._communicator_for("cpu", -1)
 
     @classmethod
     def from_store(cls, store, rank, world_size, timeout=None, **options):
@@ -111,23 +111,12 @@ class Communicator(PointToPoint):
 
             comm.all_reduce(grad, op="avg", wire_dtype=torch.bfloat16)
         """
-        c_op = to_c_op(op)
         if algorithm is None:
             algorithm = self._default_algorithms["all_reduce"]
         else:
             algorithm = checks.algorithm(algorithm)
         wire = None if wire_dtype is None else as_c_dtype(wire_dtype)
-        fast = None if async_op else cpu_array(tensor)
-        if fast is not None:
-            address, count, dtype = fast
-            if self.try_run_now(_ALL_REDUCE, address, 0, count, dtype, c_op, 0, algorithm, wire):
-                return tensor
-        buf = checks.writable(tensor, "tensor")
-        if wire == buf.c_dtype:
-            wire = None
-        request = (_ALL_REDUCE, buf.address, 0, buf.numel, buf.c_dtype, c_op, 0, algorithm, wire)
-        self._precheck(request, buf)
-        return self._run_in_order(buf, request, tensor, async_op)
+        return self.run_in_place(_ALL_REDUCE, tensor, to_c_op(op), 0, algorithm, wire, async_op)
 
     def reduce_scatter(self, output, input, op="sum", *, async_op=False, algorithm=None):
         """Reduces ``input`` (world_size x output.numel() elements) over ranks; rank r gets block r.
@@ -143,11 +132,10 @@ class Communicator(PointToPoint):
         checks.same_kind(out, inp)
         checks.sizes(inp.numel, out.numel * self.world_size, "input", "world_size x output")
         checks.aliasing(out, inp, inp.element_address(self.rank * out.numel))
-        c_algorithm = self._algorithm_for("reduce_scatter", algorithm)
-        request = (_Collective.reduce_scatter, out.address, inp.address, out.numel, out.c_dtype,
-                   to_c_op(op), 0, c_algorithm, None)
-        self._precheck(request, inp)
-        return self._run_in_order(out, request, output, async_op)
+        request = CollectiveRequest(_Collective.reduce_scatter, out.address, inp.address,
+                                    out.numel, out.c_dtype, to_c_op(op), 0,
+                                    self._algorithm_for("reduce_scatter", algorithm))
+        return self._route(request, out, inp, output, async_op)
 
     def all_gather(self, output, input, *, async_op=False, algorithm=None):
         """Concatenates every rank's ``input`` into ``output`` (world_size x input.numel()).
@@ -163,10 +151,10 @@ class Communicator(PointToPoint):
         checks.same_kind(out, inp)
         checks.sizes(out.numel, inp.numel * self.world_size, "output", "world_size x input")
         checks.aliasing(out, inp, out.element_address(self.rank * inp.numel), inp_inside_out=True)
-        request = (_Collective.all_gather, out.address, inp.address, inp.numel, out.c_dtype, _SUM, 0,
-                   self._algorithm_for("all_gather", algorithm), None)
-        self._precheck(request, inp)
-        return self._run_in_order(out, request, output, async_op)
+        request = CollectiveRequest(_Collective.all_gather, out.address, inp.address, inp.numel,
+                                    out.c_dtype, _SUM, 0,
+                                    self._algorithm_for("all_gather", algorithm))
+        return self._route(request, out, inp, output, async_op)
 
     def broadcast(self, tensor, src=0, *, async_op=False):
         """Copies rank ``src``'s ``tensor`` into ``tensor`` on every rank.
@@ -176,15 +164,7 @@ class Communicator(PointToPoint):
             comm.broadcast(weights, src=0)
         """
         checks.root(src, "src", self.world_size)
-        fast = None if async_op else cpu_array(tensor)
-        if fast is not None:
-            address, count, dtype = fast
-            if self.try_run_now(_BROADCAST, address, 0, count, dtype, _SUM, src, _RING, None):
-                return tensor
-        buf = checks.writable(tensor, "tensor")
-        request = (_BROADCAST, buf.address, 0, buf.numel, buf.c_dtype, _SUM, src, _RING, None)
-        self._precheck(request, buf if self.rank == src else None)
-        return self._run_in_order(buf, request, tensor, async_op)
+        return self.run_in_place(_BROADCAST, tensor, _SUM, src, _RING, None, async_op)
 
     def reduce(self, tensor, dst=0, op="sum", *, async_op=False):
         """Reduces ``tensor`` over ranks into ``tensor`` on rank ``dst``; others keep theirs.
@@ -195,9 +175,9 @@ class Communicator(PointToPoint):
         """
         buf = checks.writable(tensor, "tensor")
         checks.root(dst, "dst", self.world_size)
-        request = (_Collective.reduce, buf.address, 0, buf.numel, buf.c_dtype, to_c_op(op), dst, _RING, None)
-        self._precheck(request, buf)
-        return self._run_in_order(buf, request, tensor, async_op)
+        request = CollectiveRequest(_Collective.reduce, buf.address, 0, buf.numel, buf.c_dtype,
+                                    to_c_op(op), dst)
+        return self._route(request, buf, buf, tensor, async_op)
 
     def gather(self, output, input, dst=0, *, async_op=False):
         """Concatenates every rank's ``input`` into ``output`` on rank ``dst`` only.
@@ -220,9 +200,9 @@ class Communicator(PointToPoint):
             checks.sizes(out.numel, inp.numel * self.world_size, "output", "world_size x input")
             checks.aliasing(out, inp, out.element_address(self.rank * inp.numel), inp_inside_out=True)
             address = out.address
-        request = (_Collective.gather, address, inp.address, inp.numel, inp.c_dtype, _SUM, dst, _RING, None)
-        self._precheck(request, inp)
-        return self._run_in_order(inp, request, output, async_op)
+        request = CollectiveRequest(_Collective.gather, address, inp.address, inp.numel,
+                                    inp.c_dtype, _SUM, dst)
+        return self._route(request, inp, inp, output, async_op)
 
     def scatter(self, output, input, src=0, *, async_op=False):
         """Rank ``src`` splits ``input`` (world_size x output.numel()) and rank r gets block r.
@@ -245,45 +225,55 @@ class Communicator(PointToPoint):
             checks.sizes(inp.numel, out.numel * self.world_size, "input", "world_size x output")
             checks.aliasing(out, inp, inp.element_address(self.rank * out.numel))
             address = inp.address
-        request = (_Collective.scatter, out.address, address, out.numel, out.c_dtype, _SUM, src, _RING, None)
-        self._precheck(request, inp if self.rank == src else None)
-        return self._run_in_order(out, request, output, async_op)
+        request = CollectiveRequest(_Collective.scatter, out.address, address, out.numel,
+                                    out.c_dtype, _SUM, src)
+        return self._route(request, out, inp if self.rank == src else None, output, async_op)
 
-    # -- the hot path --------------------------------------------------------------------------
+    def run_in_place(self, collective, array, op=_SUM, root=0, algorithm=_RING, wire_dtype=None,
+                     async_op=False):
+        """Runs a collective that works in place (``_C.Collective.all_reduce`` or ``broadcast``)
+        on ``array``, its other arguments as raw as the C++ core takes them (``_C`` enums, the
+        root's rank); returns ``array``, or a Work with ``async_op``. What :meth:`all_reduce`
+        and :meth:`broadcast` run once they have read their keywords, and what the torch
+        backend calls.
 
-    def try_run_now(self, collective, output, input, count, dtype, op=_SUM, root=0,
-                    algorithm=_RING, wire_dtype=None):
-        """Runs one collective on the CPU ring at once, on the calling thread, when nothing more
-        is asked of the call: no ``debug`` or ``check_finite`` exchange, no asynchronous work
-        still queued, the ring set up and open. Returns True when it ran, False, having done
-        nothing, otherwise: the caller then takes a collective method (:meth:`all_reduce`, ...),
-        which checks its arguments.
-
-        The arguments are a ``_C.CollectiveRequest``'s fields, in its order and as raw as it
-        takes them (addresses of CPU memory, element counts, ``_C`` enums; ``input`` 0 for the
-        collectives that run in place), checked by the C++ core only. This is the path of small
-        calls: no request object (about 0.5 us to build), no keyword matching (about 0.7 us).
-        The torch backend calls it; the collective methods go through it too.
-
-        Example::
-
-            C, t = ringcomm._C, torch.ones(2)
-            if not comm.try_run_now(C.Collective.all_reduce, t.data_ptr(), 0, 2, C.DataType.float32,
-                                    C.RedOp.sum, 0, comm.default_algorithm("all_reduce")):
-                comm.all_reduce(t)  # debug or queued work asked for more: the checked route
-        """
-        if self.debug or self.check_finite:
-            return False
-        self._lock.acquire()  # not `with`, which costs twice as much
-        try:
-            comm = self._cpu
-            if comm is None or (self._last is not None and
-                                not getattr(_on_worker, "active", False)):
-                return False
-            comm.run(collective, output, input, count, dtype, op, root, algorithm, wire_dtype, 0)
-            return True
-        finally:
-            self._lock.release()
+        The hot path is :meth:`try_run_now`'s, inlined: a contiguous, writable CPU torch tensor
+        or numpy array of a supported dtype, when nothing more is asked of the call, goes to the
+        ring at once, its address, count and dtype read straight into the ring's positional
+        arguments (a request object, a Buffer or one more call would each cost a tenth of such
+        a call or more). Anything else, or what the hot path declines, is checked and routed
+        as every collective is, its request built once."""
+        if not (async_op or self.debug or self.check_finite):
+            address = 0  # stays 0 unless `array` is plain CPU memory the ring can take as it is
+            if isinstance(array, torch.Tensor):
+                dtype = TORCH_C_DTYPES.get(array.dtype)
+                if dtype is not None and array.is_cpu and array.is_contiguous():
+                    address, count = array.data_ptr(), array.numel()
+            elif isinstance(array, np.ndarray):
+                dtype, flags = NUMPY_C_DTYPES.get(array.dtype), array.flags
+                if dtype is not None and flags.c_contiguous and flags.writeable:
+                    address, count = array.ctypes.data, array.size
+            if address:
+                self._lock.acquire()  # not `with`, which costs twice as much
+                try:
+                    comm = self._cpu
+                    if comm is not None and (self._queue.last is None or on_worker()):
+                        comm.run(collective, address, 0, count, dtype, op, root, algorithm,
+                                 wire_dtype, 0)
+                        return array
+                finally:
+                    self._lock.release()
+        buf = checks.writable(array, "tensor")
+        if wire_dtype == buf.c_dtype:
+            wire_dtype = None
+        request = CollectiveRequest(collective, buf.address, 0, buf.numel, buf.c_dtype, op,
+                                    root, algorithm, wire_dtype)
+        if collective == _BROADCAST:
+            checks.root(root, "src", self.world_size)
+            data = buf if self.rank == root else None
+        else:
+            data = buf
+        return self._route(request, buf, data, array, async_op)
 
     def default_algorithm(self, collective):
         """The _C.Algorithm ``collective`` (a name) runs when the call names none: the
@@ -304,7 +294,7 @@ class Communicator(PointToPoint):
             comm.all_reduce(t)
             print(comm.stats().total_sent)    # 2 (N - 1) / N of t's bytes on the ring
         """
-        self._drain()
+        self._queue.wait_for_queued(self.abort)
         total = CommStats()
         with self._lock:
             for key, comm in self._backends.items():
@@ -313,17 +303,11 @@ class Communicator(PointToPoint):
 
     def reset_stats(self):
         """Starts the counts of :meth:`stats` again from zero."""
-        self._drain()
+        self._queue.wait_for_queued(self.abort)
         with self._lock:
             for key, comm in self._backends.items():
                 comm.reset_traffic()
                 self._stats_base[key] = comm.traffic()["collectives"]
-
-    def _drain(self):
-        """Waits for the collectives queued on the worker."""
-        last = self._last
-        if last is not None:
-            waiting.wait(last, self.abort)
 
     # -- life cycle ----------------------------------------------------------------------------
 
@@ -351,9 +335,7 @@ class Communicator(PointToPoint):
 
     def close(self):
         """Releases shared memory, device resources and the worker thread; idempotent."""
-        if self._worker is not None:
-            self._worker.shutdown(wait=True)  # finishes queued async work first
-            self._worker = None
+        self._queue.close()  # finishes queued async work first
         with self._lock:
             self._closed, self._cpu = True, None
             if self._links is not None:  # before the ring goes: see PeerLinks
@@ -376,118 +358,6 @@ class Communicator(PointToPoint):
 
     # -- helpers -------------------------------------------------------------------------------
 
-    def _backend(self, device, index):
-        if self._closed:
-            raise _C.RingcommError("this ringcomm communicator is closed")
-        if self._aborted is not None:
-            raise _C.PeerError(f"this ringcomm communicator was aborted and cannot be used "
-                               f"again ({self._aborted}); create a new one")
-        key = (device, index)
-        comm = self._backends.get(key)
-        if comm is None:
-            ordinal = sum(1 for kind, _ in self._backends if kind == device)
-            comm = backends.for_device(device).create(self._rendezvous, index, self.options,
-                                                      ordinal)
-            if device == "cpu":
-                self._cpu = comm  # the hot path's ring (see try_run_now)
-            self._backends[key] = comm
-        return comm
-
     def _algorithm_for(self, collective, name):
         """The _C.Algorithm of a call's algorithm= (None: the communicator's default)."""
         return self._default_algorithms[collective] if name is None else checks.algorithm(name)
-
-    def _precheck(self, request, data):
-        """Debug and NaN/Inf checks of a request (its fields, as for try_run_now) whose input
-        is `data` on this rank (None: it has none): one small all_gather over the CPU ring, so
-        that every rank reaches the same verdict and raises together instead of leaving its
-        peers waiting. Ranks compare the header the C++ messages carry (_C.collective_header),
-        with the algorithm asked for (ranks must ask for the same)."""
-        if not (self.debug or self.check_finite):
-            return
-        if self._last is not None and not getattr(_on_worker, "active", False):
-            waiting.wait(self._last, self.abort)  # queued async collectives use the ring first
-        first_bad = checks.first_non_finite(data) if self.check_finite and data is not None else -1
-        header = _C.collective_header(_C.CollectiveRequest(*request))
-        mine = torch.tensor(header + [first_bad], dtype=torch.int64)
-        everyone = torch.empty(self.world_size * mine.numel(), dtype=torch.int64)
-        exchange = _C.CollectiveRequest(_Collective.all_gather, everyone.data_ptr(), mine.data_ptr(),
-                                        mine.numel(), _C.DataType.int64)
-        self._on_backend(_CPU_BUFFER, lambda comm, stream: comm.run(exchange))
-        rows = everyone.view(self.world_size, -1).tolist()
-        name = request[0].name
-        if self.debug and any(row[:-1] != header for row in rows):
-            described = "; ".join(f"rank {r}: {_C.describe_collective(row[:-1])}"
-                                  for r, row in enumerate(rows))
-            raise _C.MismatchError(f"{name}: ranks called different collectives ({described})")
-        bad = [(r, row[-1]) for r, row in enumerate(rows) if row[-1] >= 0]
-        if bad:
-            where = ", ".join(f"rank {r} at index {i}" for r, i in bad)
-            raise FloatingPointError(f"{name}: NaN or Inf in the input of {where}")
-
-    def _on_backend(self, buf, call):
-        """call(the _C.Communicator for the buffer's device, the caller's stream there as an
-        integer, 0 on the CPU), under the lock; the backend is set up on first use."""
-        with self._lock:
-            comm = self._backend(buf.device, buf.device_index)
-            call(comm, backends.for_device(buf.device).stream(buf) or 0)
-
-    def _run_request(self, buf, request):
-        """Runs a request (its fields) on the backend of its buffers' device, on the caller's
-        stream there."""
-        request = _C.CollectiveRequest(*request)
-
-        def run(comm, stream):
-            request.stream = stream
-            comm.run(request)
-
-        self._on_backend(buf, run)
-
-    def _run_in_order(self, buf, request, result, async_op):
-        """Runs a request (its fields) now, or (async_op on CPU) queued on the worker thread,
-        in call order; returns `result`, or a Work for it."""
-        if buf.device != "cpu":  # device backends order it on the caller's stream: no waiting
-            self._run_request(buf, request)
-            if not async_op:
-                return result
-            return work.completed(result, torch.device(buf.device, buf.device_index))
-        if not async_op and self.try_run_now(*request):
-            return result
-        if not async_op and (self._last is None or self._last.done() or
-                             getattr(_on_worker, "active", False)):
-            if self._last is not None and self._last.done():
-                self._last = None  # nothing queued: try_run_now may run the next calls directly
-            self._run_request(buf, request)
-            return result
-        future = self._submit(lambda: self._run_request(buf, request), result)
-        if not async_op:  # queued behind async work: keep the order, then wait
-            return waiting.wait(future, self.abort)
-        return work.Work(future, self.abort)
-
-    def _submit(self, call, result):
-        """Queues `call` on the worker thread, after every call queued before; returns a
-        torch Future that holds `result` once `call` has run (or its exception). Collectives
-        that `call` makes run at once, in its place in the queue."""
-        if self._worker is None:
-            self._worker = ThreadPoolExecutor(1, thread_name_prefix="ringcomm")
-        future = torch.futures.Future()
-
-        def task():
-            _on_worker.active = True
-            try:
-                call()
-                future.set_result(result)
-            except Exception as error:  # delivered to whoever waits on the future
-                future.set_exception(error)
-            finally:
-                _on_worker.active = False
-
-        self._last = self._worker.submit(task)
-        return future
-
-
-class _CpuOnly:
-    device, device_index = "cpu", -1
-
-
-_CPU_BUFFER = _CpuOnly()  # routes the checks' small all_gather to the CPU ring

@@ -24,7 +24,6 @@ import torch
 import torch.distributed as dist
 
 from .communicator import Communicator
-from .schedule import schedule
 
 __all__ = ["HookState", "allreduce_hook", "bf16_hook", "fp16_hook"]
 
@@ -139,25 +138,3 @@ def fp16_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tens
         model.register_comm_hook(comm, ringcomm.ddp.fp16_hook)
     """
     return _allreduce_fut(state, bucket.buffer(), torch.float16)
-
-
-def compress_hook_reference(per_rank, dtype):
-    """Not a hook (and not in ``__all__``): what torch's ``fp16_compress_hook`` and
-    ``bf16_compress_hook`` compute, for comparing accuracy without NCCL: each rank casts its bucket to ``dtype`` and divides by the world size
-    in 16 bits, then the ring sums in 16 bits, rounding at every hop (chunk c starts at rank
-    c+1 and ends at rank c, as in ringcomm's schedule). ``per_rank``: (world_size, n) float32.
-
-    Example::
-
-        ref = ringcomm.ddp.compress_hook_reference(torch.stack(grads), torch.bfloat16)
-    """
-    n_ranks, n = per_rank.shape
-    parts = per_rank.to(dtype).div_(n_ranks)
-    out = torch.empty(n, dtype=dtype)
-    for c, (offset, count) in enumerate(schedule("all_reduce", n_ranks, n).chunks):
-        span = slice(offset, offset + count)
-        acc = parts[(c + 1) % n_ranks, span].clone()
-        for k in range(2, n_ranks + 1):
-            acc = acc + parts[(c + k) % n_ranks, span]
-        out[span] = acc
-    return out.float()

@@ -54,7 +54,7 @@ class PointToPoint:
         if self._on_ring(buf):
             if self.debug:
                 self._debug_envelope("send", dst, buf, tag)
-            self._on_backend(buf, lambda comm, stream: comm.send(
+            self._call_on_device(buf, lambda comm, stream: comm.send(
                 buf.address, buf.numel, buf.c_dtype, dst, int(tag), stream))
             return tensor
         comm, links = self._peer_links()
@@ -69,7 +69,7 @@ class PointToPoint:
         if self._on_ring(buf):
             if self.debug:
                 self._debug_envelope("recv", src, buf, tag)
-            self._on_backend(buf, lambda comm, stream: comm.recv(
+            self._call_on_device(buf, lambda comm, stream: comm.recv(
                 buf.address, buf.numel, buf.c_dtype, src, int(tag), stream))
             return tensor
         comm, links = self._peer_links()
@@ -157,7 +157,7 @@ class PointToPoint:
         if self._on_ring(first):  # one NCCL group, ordered on the current stream
             if self.debug:
                 self._debug_envelopes(entries)
-            self._on_backend(first, lambda comm, stream: comm.send_recv_batch(fields, stream))
+            self._call_on_device(first, lambda comm, stream: comm.send_recv_batch(fields, stream))
             return
         self._batch_links(entries).send_recv_batch(fields)
 
@@ -179,10 +179,10 @@ class PointToPoint:
         send_counts = _split_counts(inp, input_split_sizes, self.world_size, "input")
         recv_counts = _split_counts(out, output_split_sizes, self.world_size, "output")
         if self._on_ring(out):  # every step one NCCL group, ordered on the current stream
-            self._on_backend(out, lambda comm, stream: comm.all_to_all(
+            self._call_on_device(out, lambda comm, stream: comm.all_to_all(
                 out.address, inp.address, send_counts, recv_counts, out.c_dtype, stream))
             return output
-        comm, links = self._peer_links() if self.world_size > 1 else (self._backend("cpu", -1), None)
+        comm, links = self._peer_links() if self.world_size > 1 else (self._communicator_for("cpu", -1), None)
         if links is not None:
             for peer in range(self.world_size):
                 if peer != self.rank:
@@ -227,7 +227,7 @@ class PointToPoint:
     def _peer_links(self):
         """The CPU ring's communicator, with its point-to-point links set up on first use."""
         with self._lock:
-            comm = self._backend("cpu", -1)
+            comm = self._communicator_for("cpu", -1)
             links = self._links
             if links is None:
                 from .peer_links import PeerLinks

@@ -12,6 +12,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ringcomm
 import ringcomm.ddp
+from ddp_reference import compress_hook_reference
 from launcher import launch, shared_gpu_env
 
 STEPS = 20
@@ -196,7 +197,7 @@ def _wire_cases(rank, world_size):
             assert out.dtype == inp.dtype and out.shape == inp.shape
             dtypes.add(str(out.dtype))
             ours.append(errors(out, reference))
-            emulated.append(errors(ringcomm.ddp.compress_hook_reference(stacked, WIRE[name]), reference))
+            emulated.append(errors(compress_hook_reference(stacked, WIRE[name]), reference))
             outs = [torch.empty_like(out) for _ in range(world_size)]
             dist.all_gather(outs, out)
             exact_wire.append(all(torch.equal(outs[0], o) for o in outs))

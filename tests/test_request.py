@@ -159,16 +159,19 @@ def test_a_request_reads_back_what_it_was_given():
 
 
 def hot_path(rank, n):
-    """Communicator.try_run_now: runs a request's fields at once, unless the options ask for
-    the debug exchange (then False, nothing done)."""
+    """Communicator.try_run_now: runs a request at once, unless the options ask for the debug
+    exchange (then False, nothing done)."""
+    from ringcomm.request import CollectiveRequest
+
     comm = ringcomm.Communicator(timeout=30)
     t = torch.full((4,), float(rank + 1))
     algorithm = comm.default_algorithm("all_reduce")
-    ran = comm.try_run_now(P.all_reduce, t.data_ptr(), 0, 4, D.float32, O.sum, 0, algorithm)
+    ran = comm.try_run_now(CollectiveRequest(P.all_reduce, t.data_ptr(), 0, 4, D.float32, O.sum,
+                                             0, algorithm))
     checked = ringcomm.Communicator(timeout=30, debug=True)
     u = torch.ones(4)
-    skipped = checked.try_run_now(P.all_reduce, u.data_ptr(), 0, 4, D.float32, O.sum, 0,
-                                  checked.default_algorithm("all_reduce"))
+    skipped = checked.try_run_now(CollectiveRequest(P.all_reduce, u.data_ptr(), 0, 4, D.float32,
+                                                    O.sum, 0, checked.default_algorithm("all_reduce")))
     checked.all_reduce(u)  # the checked route instead, on every rank
     comm.close()
     checked.close()
@@ -180,3 +183,17 @@ def test_try_run_now_runs_at_once_unless_checks_are_asked_for():
         assert ran is True and t == [3.0] * 4
         assert skipped is False and u == [2.0] * 4
         assert algorithm == A.auto and broadcast == A.ring  # the option; broadcast takes none
+
+
+def test_the_python_request_mirrors_the_c_one():
+    """ringcomm.request.CollectiveRequest: the C++ request's fields, defaults and order."""
+    from ringcomm.request import CollectiveRequest
+
+    mine = CollectiveRequest(P.gather, 1, 2, 3, D.bfloat16, O.max, 1, A.auto, D.int8)
+    theirs = mine.to_c(stream=4)
+    assert (theirs.collective, theirs.output, theirs.input, theirs.count, theirs.dtype,
+            theirs.op, theirs.root, theirs.algorithm, theirs.wire_dtype, theirs.stream) == \
+        (P.gather, 1, 2, 3, D.bfloat16, O.max, 1, A.auto, D.int8, 4)
+    default, c_default = CollectiveRequest(P.all_reduce), R(P.all_reduce)
+    assert [getattr(default, f) for f in CollectiveRequest._fields] == \
+        [getattr(c_default, f) for f in CollectiveRequest._fields]

@@ -1,0 +1,92 @@
+"""Per-call time of a small all_reduce through ringcomm's two Python entry points: the
+Communicator (``comm.all_reduce``) and the torch backend (``dist.all_reduce`` on a "ringcomm"
+group). At this size the ring moves a few bytes, so the time is the call's own path.
+
+    python bench/call_latency.py                          # 2 ranks, 8 bytes of float32
+    python bench/call_latency.py --nproc 1 --blocks 200   # one rank: the Python path alone
+    python bench/call_latency.py --json r.json            # also write the medians
+
+Spawns --nproc local ranks. The two paths run in alternating blocks of --calls calls, so that
+machine noise hits them alike; each block's mean per call is one sample, and rank 0 prints the
+median and quartiles of the samples of each path.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+try:
+    import ringcomm
+except ImportError:  # run from a source checkout: the package sits next to bench/
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    import ringcomm
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--nproc", type=int, default=2, help="local ranks")
+    p.add_argument("--bytes", type=int, default=8, help="float32 bytes per call")
+    p.add_argument("--calls", type=int, default=200, help="calls per timed block")
+    p.add_argument("--blocks", type=int, default=50, help="timed blocks per path")
+    p.add_argument("--warmup", type=int, default=500, help="untimed calls per path first")
+    p.add_argument("--json", metavar="PATH", help="write the medians (us per call) as JSON")
+    return p.parse_args(argv)
+
+
+def _block(call, calls):
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def _rank(rank, world_size, init_file, args, results):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world_size)
+    comm = ringcomm.Communicator(timeout=120)
+    group = dist.new_group(backend="ringcomm")
+    t = torch.ones(max(1, args.bytes // 4))
+    paths = {"Communicator.all_reduce": lambda: comm.all_reduce(t),
+             "dist.all_reduce (ringcomm group)": lambda: dist.all_reduce(t, group=group)}
+    for call in paths.values():
+        for _ in range(args.warmup):
+            call()
+    samples = {name: [] for name in paths}
+    for _ in range(args.blocks):
+        for name, call in paths.items():
+            samples[name].append(_block(call, args.calls))
+    dist.barrier()
+    comm.close()
+    dist.destroy_process_group()
+    if rank == 0:
+        results.update({name: statistics.quantiles(s, n=4) for name, s in samples.items()})
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory() as folder, mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_rank, args=(args.nproc, os.path.join(folder, "init"), args, results),
+                 nprocs=args.nproc)
+        results = dict(results)
+    print(f"# {args.bytes} B float32 all_reduce, {args.nproc} rank(s); us per call over "
+          f"{args.blocks} blocks of {args.calls} calls: median [quartiles]")
+    for name, (low, median, high) in results.items():
+        print(f"{name:34s} {median:8.2f}  [{low:.2f}, {high:.2f}]")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({name: q[1] for name, q in results.items()}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
