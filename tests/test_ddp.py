@@ -1,7 +1,9 @@
 """ringcomm's DDP hooks in real multi-process DDP training (gloo process group for DDP itself,
 ringcomm's ring for the buckets). Each launch costs seconds, so every launch runs several cases
 and the tests below check one case each."""
+import importlib.util
 import inspect
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,8 +14,15 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ringcomm
 import ringcomm.ddp
-from ddp_reference import compress_hook_reference
 from launcher import launch, shared_gpu_env
+
+# What torch's fp16/bf16_compress_hook compute, as the DDP example emulates it to compare
+# accuracy without NCCL: the tests check ringcomm's 16-bit hooks against the same emulation.
+_spec = importlib.util.spec_from_file_location(
+    "train_ddp", Path(__file__).resolve().parents[1] / "examples" / "train_ddp.py")
+_train_ddp = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_train_ddp)
+compress_hook_reference = _train_ddp.torch_compress_hook_emulated
 
 STEPS = 20
 WIRE = {"bf16_hook": torch.bfloat16, "fp16_hook": torch.float16}
