@@ -1,5 +1,6 @@
 // How a rank waits on a word in shared memory that another process moves: spin for a few tens of
-// microseconds (the peer runs on another core and answers within them), then yield (the peer may
+// microseconds (the peer runs on another core and answers within them; a long spin yields now
+// and then, in case the peer waits for this core), then yield (the peer may
 // need this core: with more ranks than cores that is the common case), then sleep on the futex in
 // short slices, checking the deadline, an abort flag, whether the awaited process still exists
 // and whether this process was asked to stop (ringcomm/interrupt.h: Ctrl-C). A yield that hands
@@ -130,7 +131,18 @@ void waitUntil(Ready ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& 
   for (int i = 0; policy.spinMicros > 0; ++i) {
     if (ready()) return finished(WaitStats::kSpinning);
     RC_CPU_RELAX();
-    if ((i & 63) == 63 && Clock::now() > stopSpinning) break;  // a clock read per ~2 us
+    if ((i & 63) == 63) {  // every ~2 us
+      const auto now = Clock::now();
+      if (now > stopSpinning) break;
+      // Every ~8 us: the peer may be waiting for this very core (the scheduler put both ranks
+      // on one), and then spinning only delays it. A yield costs a system call when nothing
+      // else wants the core; the gate stops it on a busy machine, where a yield loses the core
+      // for long. Waits shorter than that, the common case, never pay for it.
+      if ((i & 255) == 255 && policy.yieldMicros > 0 && !processYieldGate().yieldsAreSlow()) {
+        sched_yield();
+        processYieldGate().noteYield(Clock::now() - now);
+      }
+    }
   }
   if (policy.yieldMicros > 0 && !processYieldGate().yieldsAreSlow()) {
     const auto stopYielding = Clock::now() + std::chrono::microseconds(policy.yieldMicros);
