@@ -13,7 +13,7 @@ class Backend:
     # (rendezvous, device_index, options, ordinal) -> _C.Communicator; every rank calls it
     # together; `ordinal` counts the communicator's earlier backends of the same device.
     create: Callable
-    available: Callable  # () -> bool: usable on this machine
+    available: Callable  # () -> bool: whether this device can be used here (a GPU, NCCL)
     # (buffer) -> the caller's queue of device work as an integer, or None for host backends,
     # whose collectives run on the calling thread (or the worker) and end before they return.
     stream: Callable = lambda buffer: None
