@@ -49,6 +49,7 @@ PYBIND11_MODULE(_C, m) {
   python::bindRequest(m);
   python::bindTransports(m);
   python::bindCommunicator(m);
+  python::bindNet(m);
 #ifdef RINGCOMM_WITH_CUDA
   bindCuda(m);
 #endif

@@ -27,5 +27,6 @@ void bindPlans(pybind11::module_& m);          // make_plan, choose_algorithm
 void bindRequest(pybind11::module_& m);        // CollectiveRequest and its debug header
 void bindTransports(pybind11::module_& m);     // Transport, Reducer and the CPU ones
 void bindCommunicator(pybind11::module_& m);   // Communicator, its traffic
+void bindNet(pybind11::module_& m);            // SocketTransport (TCP)
 
 }  // namespace ringcomm::python
