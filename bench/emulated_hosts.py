@@ -2,8 +2,9 @@
 
 Each host is a network namespace joined to the others through a bridge in a "switch" namespace
 of its own, with a private /dev/shm (a tmpfs in a mount namespace), its own hostname ("host0",
-"host1", ...) and an /etc/hosts that names every host. Nothing is added to the machine's own
-namespaces; only addresses assigned here, inside these namespaces, are ever contacted.
+"host1", ...), boot id, and an /etc/hosts that names every host. Nothing is added to the
+machine's own namespaces, and the hosts have no route beyond their subnet: only addresses
+assigned here, inside these namespaces, are ever contacted.
 
     python bench/emulated_hosts.py --hosts 2 --nproc-per-node 2 script.py [args...]
     python bench/emulated_hosts.py --hosts 2 --nproc-per-node 2 --rate 3gbit bench/run.py -e 1M
@@ -17,6 +18,7 @@ Every process of a host is started with nsenter into that host's one long-lived 
 different hosts still share one PID namespace.
 """
 import argparse
+import contextlib
 import itertools
 import os
 import re
@@ -27,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 
 # 198.18.0.0/15 is set aside for network benchmarks (RFC 2544): 512 /24 subnets, one per instance.
 SUBNETS = 512
@@ -35,17 +38,16 @@ TOOLS = ("ip", "unshare", "nsenter", "tc", "mount", "hostname")
 _instances = itertools.count()
 
 # The init process of a host: a private /dev/shm, every host's name in /etc/hosts (so that a
-# hostname resolves to the host's address, as gloo expects), the hostname, then it waits.
+# hostname resolves to the host's address, as gloo expects), a boot id of its own (as separate
+# machines have), the hostname; then it waits.
 INIT = ('mount -t tmpfs -o mode=1777 tmpfs /dev/shm && mount --bind "$2" /etc/hosts'
+        ' && mount --bind "$3" /proc/sys/kernel/random/boot_id'
         ' && hostname "$1" && echo ready && exec sleep infinity')
 
 RECEIVER = """import socket, sys, time
 s = socket.create_server((sys.argv[1], 0)); print(s.getsockname()[1], flush=True)
-c, _ = s.accept(); buf = bytearray(1 << 20); n, t0 = 0, None
-while True:
-    k = c.recv_into(buf)
-    if not k: break
-    t0 = t0 or time.perf_counter(); n += k
+c, _ = s.accept(); buf = bytearray(1 << 20); c.recv_into(buf); n, t0 = 0, time.perf_counter()
+while k := c.recv_into(buf): n += k
 print(n, time.perf_counter() - t0)
 """
 SENDER = """import socket, sys, time
@@ -129,6 +131,8 @@ class EmulatedHosts:
     def __init__(self, count, rate=None):
         if not 1 <= count <= 250:
             raise ValueError("count must be 1..250")
+        if rate is not None:
+            rate_bits(rate)  # a bad rate fails here, before anything is made
         n = next(_instances)
         self.count, self.rate = count, rate
         self.tag = f"rceh{os.getpid()}-{n}"
@@ -160,20 +164,19 @@ class EmulatedHosts:
         os.chmod(etc_hosts, 0o644)
         sw = ["ip", "-n", self.switch]
         _run(["ip", "netns", "add", self.switch])
-        _run(sw + ["link", "set", "lo", "up"])
         _run(sw + ["link", "add", "br0", "type", "bridge"])
-        _run(sw + ["link", "set", "br0", "up"])
+        for dev in ("lo", "br0"):
+            _run(sw + ["link", "set", dev, "up"])
         for h, name in enumerate(self.names):
             _run(["ip", "netns", "add", name])
             port = f"vh{h}"
             _run(sw + ["link", "add", port, "type", "veth", "peer", "name", INTERFACE,
                        "netns", name])
-            _run(sw + ["link", "set", port, "master", "br0"])
-            _run(sw + ["link", "set", port, "up"])
+            _run(sw + ["link", "set", port, "master", "br0", "up"])
             ns = ["ip", "-n", name]
             _run(ns + ["addr", "add", f"{self.address(h)}/24", "dev", INTERFACE])
-            _run(ns + ["link", "set", INTERFACE, "up"])
-            _run(ns + ["link", "set", "lo", "up"])
+            for dev in (INTERFACE, "lo"):
+                _run(ns + ["link", "set", dev, "up"])
             if self.rate:
                 self._shape(name, INTERFACE)
                 self._shape(self.switch, port)
@@ -186,9 +189,13 @@ class EmulatedHosts:
               "rate", f"{bits}bit", "burst", str(burst), "latency", "20ms"])
 
     def _start_init(self, h, etc_hosts):
+        boot_id = os.path.join(self._tmp, f"boot_id{h}")
+        with open(boot_id, "w") as f:
+            f.write(f"{uuid.uuid4()}\n")
+        os.chmod(boot_id, 0o444)
         init = subprocess.Popen(
-            ["ip", "netns", "exec", self.names[h], "unshare", "--mount", "--uts",
-             "--propagation", "private", "sh", "-c", INIT, "sh", self.hostname(h), etc_hosts],
+            ["ip", "netns", "exec", self.names[h], "unshare", "--mount", "--uts", "--propagation",
+             "private", "sh", "-c", INIT, "sh", self.hostname(h), etc_hosts, boot_id],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True)
         self._inits.append(init)
@@ -198,8 +205,7 @@ class EmulatedHosts:
             init.kill()
             init.wait()
             raise RuntimeError(f"host {h} did not start: {init.stderr.read().decode().strip()}")
-        init.stdout.close()
-        init.stderr.close()
+        init.stdout.close(), init.stderr.close()
         self._procs.append([])
 
     def close(self):
@@ -233,10 +239,8 @@ class EmulatedHosts:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"processes in {name} survive SIGKILL: {pids}")
             for pid in pids:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             time.sleep(0.02)
 
     # -- hosts -----------------------------------------------------------------------------
@@ -322,13 +326,12 @@ class EmulatedHosts:
             for h in range(self.count):
                 self.kill_host(h)
         outputs = []
-        for proc, (out, err) in zip(procs, files):
-            proc.wait()
-            out.seek(0)
-            err.seek(0)
-            outputs.append((proc.returncode, out.read(), err.read()))
-            out.close()
-            err.close()
+        for proc, streams in zip(procs, files):
+            for f in streams:
+                f.seek(0)
+            outputs.append((proc.wait(), *(f.read() for f in streams)))
+            for f in streams:
+                f.close()
         if timed_out:
             raise HostsTimeout(f"torchrun ran past {timeout} s on {self.count} hosts; killed. "
                                + format_outputs(outputs), outputs)
@@ -375,7 +378,7 @@ def main(argv=None):
         if args.tcp_check and args.hosts >= 2:
             for src, dst in ((0, 1), (1, 0)):
                 bps = hosts.tcp_throughput(src, dst)
-                print(f"TCP host{src} -> host{dst}: {bps / 1e9:.2f} Gbit/s", flush=True)
+                print(f"TCP host{src} -> host{dst}: {bps / 1e9:.3f} Gbit/s", flush=True)
         if not args.script:
             return 0
         try:
@@ -385,7 +388,7 @@ def main(argv=None):
             outputs = e.outputs
             print(f"timed out after {args.timeout} s", file=sys.stderr)
         print(format_outputs(outputs).lstrip("\n"))
-        return max((abs(rc) for rc, _, _ in outputs), default=0) or 0
+        return max(abs(rc) for rc, _, _ in outputs)
 
 
 if __name__ == "__main__":

@@ -35,10 +35,13 @@ def hosts():
         yield h
 
 
-def test_hostnames_differ_per_host(hosts):
+def test_hostnames_and_boot_ids_differ_per_host(hosts):
     names = [hosts.run(h, ["hostname"]).stdout.strip() for h in range(2)]
     assert names == ["host0", "host1"]
     assert socket.gethostname() not in names
+    boot_id = "/proc/sys/kernel/random/boot_id"
+    boots = {hosts.run(h, ["cat", boot_id]).stdout for h in range(2)} | {open(boot_id).read()}
+    assert len(boots) == 3
     # Every host's name resolves to its address, in every host.
     assert hosts.run(1, ["getent", "hosts", "host0"]).stdout.split()[0] == hosts.address(0)
 
