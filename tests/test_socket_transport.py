@@ -45,6 +45,12 @@ def tcp_comm(rank, n, timeout, key="ring", **kwargs):
     return transport, _C.Communicator(rank, n, transport, _C.CpuReducer(), slice_bytes)
 
 
+def all_reduce(comm, t):
+    """A ring all_reduce (sum) of a float32 tensor, in place, straight on a _C.Communicator."""
+    comm.run(_C.Collective.all_reduce, t.data_ptr(), 0, t.numel(), _C.DataType.float32,
+             _C.RedOp.sum, 0, _C.Algorithm.ring, None, 0)
+
+
 MADE_OVER_TCP = []  # ordinals of the communicators communicator_over_tcp's backend made
 
 
@@ -110,15 +116,15 @@ def big_messages(rank, n):
     # sends return into slots and the progress threads move the bytes, so nothing deadlocks.
     transport, comm = tcp_comm(rank, n, 60, slot_bytes=8 << 20, slots=2, connections=1)
     t = torch.arange(6 << 20, dtype=torch.float32) % 1000 + rank
-    comm.run(_C.Collective.all_reduce, t.data_ptr(), 0, t.numel(), _C.DataType.float32,
-             _C.RedOp.sum, 0, _C.Algorithm.ring, None, 0)
+    all_reduce(comm, t)
     expected = (torch.arange(6 << 20, dtype=torch.float32) % 1000) * n + n * (n - 1) // 2
     comm.set_peer_links(transport)
     out = torch.arange(2 << 20, dtype=torch.int32) + rank
     got = torch.zeros_like(out)
     comm.send(out.data_ptr(), out.numel(), _C.DataType.int32, (rank + 1) % n, 5)
     comm.recv(got.data_ptr(), got.numel(), _C.DataType.int32, (rank - 1) % n, 5)
-    return torch.equal(t, expected), torch.equal(got, torch.arange(2 << 20, dtype=torch.int32) + (rank - 1) % n)
+    sent_by_previous = torch.arange(2 << 20, dtype=torch.int32) + (rank - 1) % n
+    return torch.equal(t, expected), torch.equal(got, sent_by_previous)
 
 
 def test_messages_bigger_than_socket_buffers_do_not_deadlock_a_ring():
@@ -154,7 +160,8 @@ def point_to_point(rank, n):
     ops += [(False, t.data_ptr(), t.numel(), i32, q, 3) for q, ts in ins.items() for t in ts]
     comm.send_recv_batch(ops)
     for q, (small, big) in ins.items():
-        assert torch.equal(small, payload(q, rank, 7, 1)) and torch.equal(big, payload(q, rank, BIG, 2))
+        assert torch.equal(small, payload(q, rank, 7, 1))
+        assert torch.equal(big, payload(q, rank, BIG, 2))
         checked += 1
     # arrived_tag: nothing yet, then the tag of what arrived, without taking it.
     store = dist.distributed_c10d._get_default_store()
@@ -188,8 +195,7 @@ def mismatched_count(rank, n):
     t = torch.ones(10 + rank)
     start = time.monotonic()
     with pytest.raises((ringcomm.MismatchError, ringcomm.PeerError)) as error:
-        comm.run(_C.Collective.all_reduce, t.data_ptr(), 0, t.numel(), _C.DataType.float32,
-                 _C.RedOp.sum, 0, _C.Algorithm.ring, None, 0)
+        all_reduce(comm, t)
     return type(error.value).__name__, time.monotonic() - start, str(error.value)
 
 
@@ -206,11 +212,7 @@ def killed_mid_collective(rank, n):
     store = dist.distributed_c10d._get_default_store()
     big = torch.ones(1 << 20)
 
-    def all_reduce():
-        comm.run(_C.Collective.all_reduce, big.data_ptr(), 0, big.numel(), _C.DataType.float32,
-                 _C.RedOp.sum, 0, _C.Algorithm.ring, None, 0)
-
-    all_reduce()  # the ring works
+    all_reduce(comm, big)  # the ring works
     if rank == n - 1:
         def kill():
             time.sleep(0.05)
@@ -219,7 +221,7 @@ def killed_mid_collective(rank, n):
         threading.Thread(target=kill, daemon=True).start()
     with pytest.raises(ringcomm.PeerError) as error:
         for _ in range(10000):
-            all_reduce()
+            all_reduce(comm, big)
     return time.time() - float(store.get("killed_at")), str(error.value)
 
 
@@ -235,6 +237,27 @@ def test_a_killed_peer_raises_peer_error_naming_it_promptly():
                for _, m in results[:-1]), results
 
 
+def killed_before_it_sent(rank, n):
+    _, comm = tcp_comm(rank, n, 60)
+    store = dist.distributed_c10d._get_default_store()
+    if rank == 1:  # dies after rank 0 connected to it, before it ever connected back
+        store.get("connected")
+        store.set("killed_at", repr(time.time()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Timer(1.0, store.set, args=("connected", "1")).start()  # this call has connected
+    with pytest.raises(ringcomm.PeerError) as error:
+        all_reduce(comm, torch.ones(10))
+    return time.time() - float(store.get("killed_at")), str(error.value)
+
+
+def test_a_peer_killed_before_it_connected_back_is_noticed_on_this_ranks_connection():
+    delay, message = launch(2, killed_before_it_sent, timeout=60, allow_exit={1})[0]
+    assert delay < 5, delay
+    assert re.search(r"rank 1 \(host-1, 127\.0\.0\.1:\d+\) (closed|reset) its connection",
+                     message), message
+    assert "connect and send all_reduce #0" in message, message
+
+
 def silent_peer(rank, n):
     _, comm = tcp_comm(rank, n, 2)
     if rank == 1:
@@ -243,8 +266,7 @@ def silent_peer(rank, n):
     t = torch.ones(10)
     start = time.monotonic()
     with pytest.raises(ringcomm.CommTimeoutError) as error:
-        comm.run(_C.Collective.all_reduce, t.data_ptr(), 0, t.numel(), _C.DataType.float32,
-                 _C.RedOp.sum, 0, _C.Algorithm.ring, None, 0)
+        all_reduce(comm, t)
     return time.monotonic() - start, str(error.value)
 
 
@@ -259,21 +281,17 @@ def aborted(rank, n):
     transport, comm = tcp_comm(rank, n, 30)
     t = torch.ones(1000)
 
-    def all_reduce():
-        comm.run(_C.Collective.all_reduce, t.data_ptr(), 0, t.numel(), _C.DataType.float32,
-                 _C.RedOp.sum, 0, _C.Algorithm.ring, None, 0)
-
-    all_reduce()  # warm: every pair has talked
+    all_reduce(comm, t)  # warm: every pair has talked
     start = time.monotonic()
     if rank == 0:
         # Another thread aborts while this rank waits for rank 1 (which is not calling yet).
         threading.Timer(0.3, comm.abort, args=("stop here",)).start()
         with pytest.raises(ringcomm.PeerError) as error:
-            all_reduce()
+            all_reduce(comm, t)
         return time.monotonic() - start, str(error.value)
     time.sleep(1.0)  # rank 0 has aborted by now: this rank's call learns it from rank 0
     with pytest.raises(ringcomm.PeerError) as error:
-        all_reduce()
+        all_reduce(comm, t)
     return time.monotonic() - start - 1.0, str(error.value)
 
 
@@ -281,7 +299,8 @@ def test_an_abort_fails_this_ranks_waits_and_its_peers_promptly():
     (own, own_message), (peer, peer_message) = launch(2, aborted, timeout=60)
     assert own < 3 and "the ring was aborted: rank 0 failed: stop here" in own_message, own_message
     assert peer < 3, peer
-    assert "rank 0 (host-0, 127.0.0.1:" in peer_message and "rank 0 failed: stop here" in peer_message
+    assert "rank 0 (host-0, 127.0.0.1:" in peer_message, peer_message
+    assert "rank 0 failed: stop here" in peer_message, peer_message
 
 
 def interrupted(rank, n):
@@ -293,8 +312,7 @@ def interrupted(rank, n):
     t = torch.ones(10)
     start = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        comm.run(_C.Collective.all_reduce, t.data_ptr(), 0, t.numel(), _C.DataType.float32,
-                 _C.RedOp.sum, 0, _C.Algorithm.ring, None, 0)
+        all_reduce(comm, t)
     return time.monotonic() - start
 
 

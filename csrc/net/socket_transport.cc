@@ -252,7 +252,13 @@ const void* SocketTransport::acquireRecv(int peer, const Envelope& expected) {
       [&] {
         // Messages sent before the connection closed are still read; this one was not sent.
         if (!link.inClosed.empty() && !link.inClosed[connection].empty())
-          RC_THROW_AS(PeerError, link.inClosed[connection], " while this rank waits for it to send ",
+          RC_THROW_AS(PeerError, link.inClosed[connection],
+                      " while this rank waits for it to send ", describeEnvelope(expected));
+        // A peer that went away before it connected back shows on this rank's connections.
+        const bool connected = !link.inConnected.empty() && link.inConnected[connection];
+        if (!connected && !link.sendFailure.empty())
+          RC_THROW_AS(PeerError, link.sendFailure,
+                      " while this rank waits for it to connect and send ",
                       describeEnvelope(expected));
       },
       [&] {

@@ -94,7 +94,8 @@ Socket connectBefore(const sockaddr_in& address, std::chrono::steady_clock::time
                      const std::function<void()>& check, std::string& lastError) {
   using Clock = std::chrono::steady_clock;
   auto millisLeft = [&](int most) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     return static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(most, left.count())));
   };
   while (true) {
