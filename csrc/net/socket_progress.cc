@@ -15,7 +15,7 @@
 namespace ringcomm {
 namespace {
 
-constexpr size_t kMaxAbortText = 64 * 1024;
+constexpr size_t kMaxAbortText = 16 << 10;  // reasons are a sentence or two
 
 }  // namespace
 

@@ -130,14 +130,20 @@ void SocketTransport::waitFor(std::unique_lock<std::mutex>& lock, int peer, Read
   const auto deadline =
       start + std::chrono::duration_cast<Clock::duration>(
                   std::chrono::duration<double>(options_.timeoutSeconds));
+  auto asked = start;
   while (true) {
     changed_.wait_until(lock, std::min(deadline, Clock::now() + kWaitSlice));
     failures();
     if (ready()) break;
     after();
-    if (Clock::now() >= deadline)
+    const auto now = Clock::now();
+    if (now >= deadline)
       RC_THROW_AS(TimeoutError, "timed out after ", options_.timeoutSeconds,
                   " s waiting for ", describePeer(peer), " to ", what());
+    // Not at every wake-up (other peers' messages wake this wait too): the hook may take the
+    // interpreter's lock.
+    if (now - asked < kWaitSlice / 4) continue;
+    asked = now;
     lock.unlock();
     const bool stop = interruptRequested();
     lock.lock();
@@ -252,7 +258,13 @@ const void* SocketTransport::acquireRecv(int peer, const Envelope& expected) {
       [&] {
         // Messages sent before the connection closed are still read; this one was not sent.
         if (!link.inClosed.empty() && !link.inClosed[connection].empty())
-          RC_THROW_AS(PeerError, link.inClosed[connection], " while this rank waits for it to send ",
+          RC_THROW_AS(PeerError, link.inClosed[connection],
+                      " while this rank waits for it to send ", describeEnvelope(expected));
+        // A peer that went away before it connected back shows on this rank's connections.
+        const bool connected = !link.inConnected.empty() && link.inConnected[connection];
+        if (!connected && !link.sendFailure.empty())
+          RC_THROW_AS(PeerError, link.sendFailure,
+                      " while this rank waits for it to connect and send ",
                       describeEnvelope(expected));
       },
       [&] {

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <thread>
 
@@ -52,8 +53,8 @@ sockaddr_in parseAddress(const std::string& address, const char* what) {
   const std::string host = address.substr(0, colon), port = address.substr(colon + 1);
   char* end = nullptr;
   const long number = std::strtol(port.c_str(), &end, 10);
-  RC_CHECK(!port.empty() && *end == '\0' && number > 0 && number < 65536, what, " '", address,
-           "' has no valid port");
+  RC_CHECK(!port.empty() && *end == '\0' && number > 0 && number <= UINT16_MAX, what, " '",
+           address, "' has no valid port");
   RC_CHECK(inet_pton(AF_INET, host.c_str(), &out.sin_addr) == 1, what, " '", address,
            "' does not start with an IPv4 address");
   out.sin_port = htons(static_cast<uint16_t>(number));
@@ -94,7 +95,8 @@ Socket connectBefore(const sockaddr_in& address, std::chrono::steady_clock::time
                      const std::function<void()>& check, std::string& lastError) {
   using Clock = std::chrono::steady_clock;
   auto millisLeft = [&](int most) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     return static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(most, left.count())));
   };
   while (true) {
