@@ -29,6 +29,7 @@ except ImportError:  # run from a source checkout: the package sits next to benc
 
 from collectives import COLLECTIVES, DTYPE_ALIASES, DTYPES, TORCH_OPS
 from harness import Bench, Impl, Settings
+import link_bound
 from machine_load import busy_load, cpu_times
 from nccl_table import table_header, table_row
 from plots import write_plot
@@ -77,6 +78,9 @@ def parse_args(argv=None):
                         f"(ringcomm-NAME); of {', '.join(ALGORITHMS)}; for the collectives whose "
                         "Communicator call takes algorithm= (the others get one 'ringcomm' "
                         "column); default: the communicator's (RINGCOMM_ALGORITHM, else ring)")
+    p.add_argument("--link-rate", metavar="RATE",
+                   help="the rate hosts are linked at (e.g. 3gbit, bench/emulated_hosts.py "
+                        "--rate): print all_reduce's bound over it (bench/link_bound.py)")
     args = p.parse_args(argv)
 
     args.datatype = DTYPE_ALIASES.get(args.datatype, args.datatype)
@@ -205,7 +209,11 @@ def worker(rank, world, args, init_method):
         ceiling = memcpy_bandwidth(device)
         threads = f", {torch.get_num_threads()} threads" if device.type == "cpu" else ""
         print(f"# memcpy ceiling (torch copy_ of 64 MiB on {device.type}{threads}): "
-              f"{ceiling:.2f} GB/s\n#", flush=True)
+              f"{ceiling:.2f} GB/s", flush=True)
+        if args.link_rate:
+            hosts = world // int(os.environ.get("LOCAL_WORLD_SIZE", world))
+            print(link_bound.describe(args.link_rate, hosts, world), flush=True)
+        print("#", flush=True)
     dist.barrier(group=ctl)
     if device.type == "cpu":
         # One intra-op thread per rank, as torchrun sets for several local ranks: N ranks' thread

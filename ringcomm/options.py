@@ -102,6 +102,11 @@ OPTIONS = (
     Option("yield_us", "RINGCOMM_YIELD_US", int, 2000,
            "CPU: microseconds of yielding next, then a waiter sleeps on a futex (no yields for "
            "1 s after 4 of 16 lost the core for > 500 us: a busy machine)"),
+    Option("socket_ifname", "RINGCOMM_SOCKET_IFNAME", str, "",
+           "across hosts: the network interface whose IPv4 address peers on other hosts "
+           "connect to; empty: the one that routes toward ``MASTER_ADDR``, else the host name's"),
+    Option("socket_connections", "RINGCOMM_SOCKET_CONNECTIONS", _size, 2,
+           "across hosts: TCP connections per peer and direction; messages take them in turn"),
     Option("debug", "RINGCOMM_DEBUG", _flag("1", "DETAIL"), False,
            "on when the variable is 1 or DETAIL: exchange a descriptor of every collective "
            "first"),

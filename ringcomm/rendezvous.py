@@ -71,6 +71,14 @@ class Rendezvous:
             epoch = epochs.agree(self.store, rank, world_size, self.timeout, what)
             self.store = dist.PrefixStore(f"{epoch}/", self.store)
 
+    def subgroup(self, name, ranks):
+        """A rendezvous of `ranks` alone (this rank among them, numbered by its place there),
+        with keys of its own under `name` (unique among this rendezvous' subgroups)."""
+        sub = Rendezvous.__new__(Rendezvous)
+        sub.rank, sub.world_size, sub.timeout = list(ranks).index(self.rank), len(ranks), self.timeout
+        sub.store = dist.PrefixStore(f"{name}/", self.store)
+        return sub
+
     def _wait(self, keys, what):
         try:
             self.store.wait(keys, datetime.timedelta(seconds=self.timeout))

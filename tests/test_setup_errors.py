@@ -1,6 +1,6 @@
 """Set-up errors say what happened: a peer that never came, one whose place only a dead
 process asked for (a stale peer, e.g. of an earlier attempt of the job), ranks that do not see
-the same shared memory. Each rank is a real process on a store the test keeps."""
+the same shared memory (two hosts, then). Each rank is a real process on a store the test keeps."""
 import shutil
 import subprocess
 import sys
@@ -61,8 +61,9 @@ def test_a_missing_and_a_stale_peer_are_named(store):
     assert [p.returncode for p in pair] == [0, 0], outputs
 
 
-def test_ranks_that_see_different_shared_memory_are_told_so(store):
-    """Rank 1 runs in a mount namespace with its own /dev/shm (as on another host)."""
+def test_ranks_that_see_different_shared_memory_are_joined_over_the_network(store):
+    """Rank 1 runs in a mount namespace with its own /dev/shm (as on another host): set-up
+    finds two hosts and links them over TCP instead of failing to map rank 0's segments."""
     if shutil.which("unshare") is None:
         pytest.skip("needs unshare")
     probe = subprocess.run(["unshare", "--mount", "true"], capture_output=True)
@@ -78,6 +79,4 @@ def test_ranks_that_see_different_shared_memory_are_told_so(store):
     finally:
         for p in pair:
             p.kill()
-    assert [p.returncode for p in pair] == [7, 7], outputs
-    for output in outputs:
-        assert "do not share" in output and "one host" in output, output
+    assert [p.returncode for p in pair] == [0, 0], outputs

@@ -44,11 +44,12 @@ void Communicator::checkUsable() const {
                 failure_, "); create a new one");
 }
 
-void Communicator::prepare(PlannedCollective& c, RedOp op, DataType type, DataType wireType) {
+void Communicator::prepare(PlannedCollective& c, RedOp op, DataType type, DataType wireType,
+                           int avgDivisor) {
   std::string why;
   RC_CHECK(opSupported(op, type, &why), why);
   checkWireType(type, wireType);
-  c.spec = ReduceSpec{type, op, worldSize_, wireType};
+  c.spec = ReduceSpec{type, op, avgDivisor > 0 ? avgDivisor : worldSize_, wireType};
   c.sequence = sequence_++;
 }
 
@@ -184,6 +185,7 @@ LocalCopy mapBuffers(const CollectiveRequest& r, int rank, int worldSize, Planne
 void Communicator::run(const CollectiveRequest& r) {
   checkUsable();
   checkRequest(r);
+  if (runsInTwoLevels(r)) return runInTwoLevels(r);
   const DataType wireType = r.wireType.value_or(r.type);
   const bool inPlace = collectiveInfo(r.collective).layout == Layout::InPlace;
   const size_t bytes = r.count * (inPlace ? 1 : worldSize_) * dataTypeSize(r.type);
@@ -192,7 +194,7 @@ void Communicator::run(const CollectiveRequest& r) {
                      chunkAlignment(r.type, wireType),
                      resolveAlgorithm(r.algorithm, r.collective, bytes)});
   const LocalCopy copy = mapBuffers(r, rank_, worldSize_, c);
-  prepare(c, r.op, r.type, wireType);
+  prepare(c, r.op, r.type, wireType, r.avgDivisor);
   CallName call{collectiveName(r.collective), c.sequence, true};
   // A ring plan's device work depends on the request alone: a device transport may record it
   // and replay it for the same request (the one-hop plans keep per-round host state).
@@ -219,6 +221,8 @@ void Communicator::failed(const std::string& why) {
   failure_ = why;
   if (links_) links_->abort(failure_);
   if (transport_) transport_->abort(failure_);
+  for (const Level* level : {&local_, &cross_})
+    if (level->comm) level->comm->abort(failure_);
 }
 
 std::string Communicator::failure() const {
@@ -234,11 +238,15 @@ void Communicator::abort(const std::string& why) {
   // this rank's waits check, NCCL's takes its own mutex.
   if (links_) links_->abort(why);
   if (transport_) transport_->abort(why);
+  for (const Level* level : {&local_, &cross_})
+    if (level->comm) level->comm->abort(why);
 }
 
 void Communicator::close() {
   std::lock_guard<std::mutex> lock(abortMutex_);
   closed_ = true;
+  for (Level* level : {&local_, &cross_})
+    if (level->comm) level->comm->close(), level->comm.reset();
   transport_.reset();  // unmaps shared memory, destroys NCCL communicators
   links_.reset();
   reducer_.reset();
@@ -248,12 +256,28 @@ TrafficStats Communicator::traffic() const {
   TrafficStats total(worldSize_);
   if (transport_) total += transport_->traffic();
   if (links_) total += links_->traffic();
+  for (const Level* level : {&local_, &cross_}) {
+    if (!level->comm) continue;
+    // The level counts by its own ranks: name them by this communicator's.
+    TrafficStats theirs = level->comm->traffic(), ours(worldSize_);
+    for (size_t p = 0; p < level->ranks.size() && p < theirs.bytesSent.size(); ++p) {
+      const int r = level->ranks[p];
+      ours.bytesSent[r] = theirs.bytesSent[p], ours.bytesReceived[r] = theirs.bytesReceived[p];
+      ours.messagesSent[r] = theirs.messagesSent[p];
+      ours.messagesReceived[r] = theirs.messagesReceived[p];
+    }
+    theirs.bytesSent = ours.bytesSent, theirs.bytesReceived = ours.bytesReceived;
+    theirs.messagesSent = ours.messagesSent, theirs.messagesReceived = ours.messagesReceived;
+    total += theirs;
+  }
   return total;
 }
 
 void Communicator::resetTraffic() {
   if (transport_) transport_->resetTraffic();
   if (links_) links_->resetTraffic();
+  for (const Level* level : {&local_, &cross_})
+    if (level->comm) level->comm->resetTraffic();
 }
 
 }  // namespace ringcomm

@@ -1,6 +1,6 @@
 // ringcomm._C's transports and reducers: the base classes Communicator takes, and the CPU ones
-// (shared-memory ring transport, point-to-point links, CPU reducer). The CUDA ones are in
-// csrc/bindings_cuda.cc.
+// (shared-memory ring transport, point-to-point links, CPU reducer), and the transport that
+// reaches each peer through its own. The CUDA ones are in csrc/bindings_cuda.cc.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -12,6 +12,7 @@
 #include "cpu/shm_transport.h"
 #include "python/bindings.h"
 #include "ringcomm/reducer.h"
+#include "ringcomm/routed_transport.h"
 #include "ringcomm/transport.h"
 
 namespace py = pybind11;
@@ -74,6 +75,9 @@ void bindTransports(py::module_& m) {
   py::class_<CpuReducer, Reducer, std::shared_ptr<CpuReducer>>(m, "CpuReducer").def(py::init<>());
   bindShmTransport(m);
   bindShmPeerLinks(m);
+  py::class_<RoutedTransport, Transport, std::shared_ptr<RoutedTransport>>(m, "RoutedTransport")
+      .def(py::init<int, std::vector<std::shared_ptr<Transport>>>(), py::arg("rank"),
+           py::arg("by_peer"));
 }
 
 }  // namespace ringcomm::python

@@ -50,6 +50,9 @@ struct CollectiveRequest {
   // On a device transport the caller's cudaStream_t as an integer: the collective is ordered on
   // it and the host does not wait. Host transports ignore it.
   uintptr_t stream = 0;
+  // AVG divides by this instead of the world size (0): a level of a two-level all_reduce
+  // divides by the whole world's size, once.
+  int avgDivisor = 0;
 };
 
 // One send or receive of a batch (Communicator::sendRecvBatch).
@@ -109,6 +112,14 @@ class Communicator {
   void allToAll(void* output, const void* input, const std::vector<size_t>& sendCounts,
                 const std::vector<size_t>& recvCounts, DataType type, uintptr_t stream = 0);
 
+  // Ranks grouped by host (the CPU path across hosts): `local` joins this host's ranks (shared
+  // memory), `cross` the ranks with this rank's local index on every host (the network), and
+  // all_reduce runs in two levels over them (csrc/core/two_level.cc) while every other call
+  // runs on this communicator's own ring. `localRanks`/`crossRanks`: their members' ranks in
+  // this communicator, for traffic and errors. Every host must have as many ranks.
+  void setLevels(std::shared_ptr<Communicator> local, std::vector<int> localRanks,
+                 std::shared_ptr<Communicator> cross, std::vector<int> crossRanks);
+
   void setSliceBytes(size_t bytes);
   size_t sliceBytes() const { return options_.sliceBytes; }
   // Makes every wait of this communicator, on any thread, and every peer's fail promptly (peers
@@ -123,7 +134,18 @@ class Communicator {
   // Raises, naming the field, for a request no rank of this communicator can run.
   void checkRequest(const CollectiveRequest& request) const;
   // Checks op and types, and fills the collective's spec and sequence number.
-  void prepare(PlannedCollective& collective, RedOp op, DataType type, DataType wireType);
+  void prepare(PlannedCollective& collective, RedOp op, DataType type, DataType wireType,
+               int avgDivisor = 0);
+  // One level of a two-level collective: its communicator and its members' ranks here.
+  struct Level {
+    std::shared_ptr<Communicator> comm;
+    std::vector<int> ranks;
+    const char* where;  // "inside this host", for errors
+  };
+  bool runsInTwoLevels(const CollectiveRequest& request) const;
+  void runInTwoLevels(const CollectiveRequest& request);
+  // Runs `part` on `level`, naming the level and its ranks in any error.
+  void runInLevel(const Level& level, const CollectiveRequest& part);
   // begin(stream, call), body, end(); on failure records it and aborts the transport.
   void collective(uintptr_t stream, const CallName& call, const std::function<void()>& body);
   // begin(stream, call), body, end() on `transport`; on failure records it and aborts every
@@ -159,6 +181,7 @@ class Communicator {
   mutable std::mutex abortMutex_;
   std::string abortReason_;
   std::shared_ptr<Transport> links_;
+  Level local_{nullptr, {}, "inside this host"}, cross_{nullptr, {}, "between hosts"};
   std::vector<uint64_t> sent_, received_;  // messages per peer: their envelopes' sequence
 };
 

@@ -1,0 +1,127 @@
+"""One rank of the multi-host tests (tests/test_multihost.py), started by torchrun on each
+emulated host. Prints one line "RESULT <json>" at the end.
+
+    sweep      every collective x dtype x op x awkward count against exact references, numpy,
+               point-to-point round the world and an all_to_all, what the communicator saw of
+               its hosts, and the bytes each rank sent to every other rank
+    ddp        a few DDP steps on the "ringcomm" torch backend, against a single-process replay
+    failure    all_reduce in a loop until something fails: the error, its kind, and when
+"""
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import ringcomm  # noqa: E402
+from collective_checks import VALID, Checker, counts_for  # noqa: E402
+
+TIMEOUT = float(os.environ.get("MULTIHOST_TIMEOUT", "60"))
+
+
+def sweep(comm):
+    checker = Checker(comm)
+    n = comm.world_size
+    for count in counts_for(n) + [100_003]:
+        cases = VALID if count < 10_000 else [(torch.float32, "sum"), (torch.float32, "avg"),
+                                              (torch.int64, "max")]
+        for dtype, op in cases:
+            checker.reductions(count, dtype, op)
+        checker.copies(count, torch.int32 if count < 10_000 else torch.float32)
+    checker.numpy_arrays()
+    # Point-to-point round the world: each rank sends to the next and receives from the one
+    # before (across hosts for some pairs, inside a host for others).
+    r = comm.rank
+    out, got = torch.arange(1000, dtype=torch.float32) + r, torch.empty(1000)
+    comm.batch_isend_irecv([ringcomm.P2POp("send", out, (r + 1) % n),
+                            ringcomm.P2POp("recv", got, (r - 1) % n)])
+    checker.check("send/recv round the world", got, torch.arange(1000, dtype=torch.float32) + (r - 1) % n)
+    if r % 2 == 0 and r + 1 < n:
+        comm.send(torch.full((5,), float(r)), dst=r + 1)
+    elif r % 2 == 1:
+        t = torch.empty(5)
+        comm.recv(t, src=r - 1)
+        checker.check("send/recv pair", t, torch.full((5,), float(r - 1)))
+    sent = torch.arange(3 * n, dtype=torch.int64) + 100 * r
+    received = torch.empty(3 * n, dtype=torch.int64)
+    comm.all_to_all(received, sent)
+    expected = torch.cat([torch.arange(3 * r, 3 * r + 3, dtype=torch.int64) + 100 * q for q in range(n)])
+    checker.check("all_to_all_single", received, expected)
+    comm.reset_stats()
+    comm.all_reduce(torch.ones(1 << 16))
+    stats = comm.stats()
+    return {"failures": checker.failures, "cases": checker.cases,
+            "bytes_sent": stats.bytes_sent}
+
+
+def ddp(_comm):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    reference = [p.detach().clone() for p in model.parameters()]
+    group = dist.new_group(backend="ringcomm")
+    wrapped = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
+    optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1)
+    rank, n = dist.get_rank(), dist.get_world_size()
+    for step in range(3):
+        x = torch.full((8, 16), float(rank + step))  # integer-valued: sums are exact
+        optimizer.zero_grad()
+        wrapped(x).sum().backward()
+        optimizer.step()
+    # The same steps on one process: the mean of every rank's gradient.
+    replay = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    with torch.no_grad():
+        for p, q in zip(replay.parameters(), reference):
+            p.copy_(q)
+    opt = torch.optim.SGD(replay.parameters(), lr=0.1)
+    for step in range(3):
+        opt.zero_grad()
+        grads = []
+        for r in range(n):
+            replay.zero_grad()
+            replay(torch.full((8, 16), float(r + step))).sum().backward()
+            grads.append([p.grad.clone() for p in replay.parameters()])
+        for i, p in enumerate(replay.parameters()):
+            p.grad = sum(g[i] for g in grads) / n
+        opt.step()
+    # Sums in another order round differently: compare relative to the parameters' size.
+    diff = max(((a - b).abs().max() / b.abs().max()).item()
+               for a, b in zip(model.parameters(), replay.parameters()))
+    return {"relative_difference": diff}
+
+
+def failure(comm):
+    t = torch.ones(1 << 20)
+    steps, started = 0, time.monotonic()
+    try:
+        while time.monotonic() - started < 4 * TIMEOUT:
+            comm.all_reduce(t)
+            steps += 1
+            if os.environ.get("MULTIHOST_READY") and steps == 20:
+                open(os.environ["MULTIHOST_READY"] + f".{comm.rank}", "w").close()
+    except ringcomm.RingcommError as error:
+        return {"kind": type(error).__name__, "message": str(error), "steps": steps,
+                "failed_at": time.time()}
+    return {"kind": None, "steps": steps}
+
+
+def main():
+    mode = sys.argv[1]
+    dist.init_process_group("gloo")
+    comm = ringcomm.Communicator(timeout=TIMEOUT)
+    result = {"rank": comm.rank, "host": os.uname().nodename}
+    result.update({"sweep": sweep, "ddp": ddp, "failure": failure}[mode](comm))
+    os.write(1, ("RESULT " + json.dumps(result) + "\n").encode())  # one write: lines never mix
+    sys.stderr.write(f"rank {comm.rank}: closing\n")
+    comm.close()
+    sys.stderr.write(f"rank {comm.rank}: closed\n")
+    if mode != "failure":
+        dist.destroy_process_group()
+    sys.stderr.write(f"rank {comm.rank}: exiting\n")
+
+
+if __name__ == "__main__":
+    main()

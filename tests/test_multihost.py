@@ -1,0 +1,112 @@
+"""ringcomm across hosts: emulated hosts on one machine (bench/emulated_hosts.py: each its own
+network, /dev/shm and hostname), ranks started by torchrun on every host, the CPU path over
+shared memory inside a host and TCP between hosts. Needs root; skipped elsewhere."""
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+import emulated_hosts  # noqa: E402
+from emulated_hosts import EmulatedHosts  # noqa: E402
+
+OK, WHY = emulated_hosts.available()
+pytestmark = pytest.mark.skipif(not OK, reason=WHY)
+JOB = str(ROOT / "tests" / "multihost_job.py")
+ENV = {"PYTHONPATH": str(ROOT)}
+
+
+def results(outputs):
+    """Every rank's RESULT, by rank; fails showing every host's output if a host failed."""
+    assert all(rc == 0 for rc, _, _ in outputs), emulated_hosts.format_outputs(outputs)
+    found = [json.loads(line.split(" ", 1)[1]) for _, out, _ in outputs
+             for line in out.splitlines() if line.startswith("RESULT ")]
+    return {r["rank"]: r for r in found}
+
+
+@pytest.mark.parametrize("count,per_host", [(2, 2), (3, 1)])
+def test_every_collective_is_exact_across_hosts(count, per_host):
+    with EmulatedHosts(count) as hosts:
+        by_rank = results(hosts.torchrun([JOB, "sweep"], per_host, env=ENV, timeout=600))
+        leftovers = [hosts.shm_files(h) for h in range(count)]
+    world = count * per_host
+    assert sorted(by_rank) == list(range(world))
+    for rank, r in by_rank.items():
+        assert r["host"] == f"host{rank // per_host}"
+        assert r["cases"] > 300 and not r["failures"], r["failures"][:10]
+    assert leftovers == [[]] * count  # nothing of ours stays in any host's /dev/shm
+    if per_host == 2:
+        # A 256 KiB all_reduce in two levels: each rank sends its host peer half the data in
+        # the reduce-scatter and its 128 KiB shard in the all-gather, and the other host only
+        # its shard's ring traffic (2(H-1)/H of 128 KiB); nothing to the rank it shares no
+        # level with (a flat ring would send 384 KiB to its successor).
+        for rank, r in by_rank.items():
+            peer, across = rank ^ 1, (rank + 2) % 4
+            assert r["bytes_sent"][peer] == 256 * 1024, r["bytes_sent"]
+            assert r["bytes_sent"][across] == 128 * 1024, r["bytes_sent"]
+            assert r["bytes_sent"][rank] == r["bytes_sent"][(rank + 2) % 4 ^ 1] == 0
+
+
+def test_ddp_trains_on_the_ringcomm_backend_across_hosts():
+    with EmulatedHosts(2) as hosts:
+        by_rank = results(hosts.torchrun([JOB, "ddp"], 2, env=ENV, timeout=300))
+    assert sorted(by_rank) == [0, 1, 2, 3]
+    for r in by_rank.values():
+        assert r["relative_difference"] < 1e-6, r
+
+
+def failure_run(cause):
+    """A 2 x 2 job all-reducing in a loop; `cause(hosts)` strikes host 1 once every rank is
+    running. Returns the survivors' results, when the strike happened and the leftovers."""
+    timeout = 6
+    with EmulatedHosts(2) as hosts:
+        ready = f"/tmp/ringcomm-multihost-ready-{os.getpid()}"
+        env = dict(ENV, MULTIHOST_TIMEOUT=str(timeout), MULTIHOST_READY=ready)
+        struck = {}
+
+        def strike():
+            while not all(os.path.exists(f"{ready}.{r}") for r in range(4)):
+                time.sleep(0.05)
+            struck["at"] = time.time()
+            cause(hosts)
+
+        thread = threading.Thread(target=strike, daemon=True)
+        thread.start()
+        try:
+            # torchrun's agent on host 0 waits (300 s) for the lost host's agent at exit: the
+            # survivors' own exit is what counts, so the launch is cut short.
+            outputs = hosts.torchrun([JOB, "failure"], 2, env=env, timeout=3 * timeout + 15)
+        except emulated_hosts.HostsTimeout as cut:
+            outputs = cut.outputs
+        finally:
+            for r in range(4):
+                if os.path.exists(f"{ready}.{r}"):
+                    os.remove(f"{ready}.{r}")
+        thread.join(timeout=5)
+        leftovers = [hosts.shm_files(h) for h in range(2)]
+    host0 = outputs[0]
+    found = [json.loads(line.split(" ", 1)[1]) for line in host0[1].splitlines()
+             if line.startswith("RESULT ")]
+    exited = host0[2].count("exiting")  # lines the survivors wrote once closed (multihost_job)
+    return found, exited, struck["at"], timeout, leftovers, emulated_hosts.format_outputs(outputs)
+
+
+@pytest.mark.parametrize("cause", ["kill_host", "link_down"])
+def test_a_lost_host_is_named_by_the_survivors_within_the_timeout(cause):
+    found, exited, struck, timeout, leftovers, shown = failure_run(
+        lambda hosts: getattr(hosts, cause)(1))
+    assert sorted(r["rank"] for r in found) == [0, 1], shown
+    assert exited == 2, shown  # both closed their communicator and left main()
+    for r in found:
+        assert r["kind"] in ("PeerError", "CommTimeoutError"), r
+        # The rank it lost (or waited for) and its host are named, directly or in the reason
+        # a peer on this host aborted with.
+        assert "host1" in r["message"] and ("rank 2" in r["message"] or "rank 3" in r["message"]), r
+        assert r["failed_at"] - struck < timeout + 5, (r, struck)
+    assert leftovers == [[], []], leftovers
