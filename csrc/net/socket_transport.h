@@ -18,11 +18,19 @@
 // receives, a ring cannot deadlock (the shared-memory ring holds slotCount messages per link;
 // this one holds twice that plus the kernel's buffers).
 //
-// Threads: one progress thread per transport runs a poll() loop over the listener, every
-// connection and an eventfd the data path writes when it commits a send or releases a slot
-// (one thread, not one per connection: hosts with few cores run a rank per core). The data path
-// waits on a condition variable with the deadline, waking a few times a second to check the
-// interrupt hook (ringcomm/interrupt.h) without holding its lock.
+// Threads: one progress thread per transport (socket_progress.cc) runs a poll() loop over the
+// listener, every connection and an eventfd the data path writes when it commits a send or
+// releases a slot (one thread, not one per connection: hosts with few cores run a rank per
+// core). The data path waits on a condition variable with the deadline, waking a few times a
+// second to check the interrupt hook (ringcomm/interrupt.h) without holding its lock.
+//
+// Failures: a wait ends with TimeoutError naming the peer (rank, label, address) and what it
+// awaited; with PeerError at once when the peer aborted (its abort frame), when the connection
+// a due message travels on was closed or reset (messages that arrived before still read), or
+// when this transport was aborted. abort() sends "rank R failed: why" on every open
+// connection (after the message being written, if any) and then shuts the connection down.
+// Destruction writes out committed sends for up to the timeout (after an abort: the abort
+// frames, for up to a second), then joins the thread and closes every socket.
 #pragma once
 
 #include <atomic>
