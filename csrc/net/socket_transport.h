@@ -106,10 +106,12 @@ class SocketTransport : public Transport {
  private:
   using Clock = std::chrono::steady_clock;
 
+  struct Connection;
   // One peer, both directions; guarded by mutex_.
   struct Link {
     // Sending: slots, the frame of the message in each, which hold unsent messages.
     bool outgoing = false;  // connections made
+    std::vector<Connection*> out;  // them, by index (kept, dead or alive, until the end)
     std::vector<char> sendSlots;
     std::vector<Frame> sendFrames;
     std::vector<uint8_t> sendBusy;
@@ -125,12 +127,15 @@ class SocketTransport : public Transport {
     std::string abortedBy;                 // the peer's abort frame
   };
 
-  // One socket, owned by the progress thread (adopted_ hands new outgoing ones over).
+  // One socket, owned by the progress thread (adopted_ hands new outgoing ones over). The
+  // thread that commits a send writes it to an idle connection itself (one thread hand-over
+  // less per message); whoever writes marks the connection `writing`.
   struct Connection {
     Socket socket;
     int peer = -1;
     uint32_t index = 0;
     bool outgoing = false, greeted = false, dead = false;
+    bool writing = false;  // a thread writes to it (the progress thread, or a direct send)
     uint64_t next = 0;  // the message this connection writes or reads next
     size_t writeDone = 0;
     enum { kHello, kHeader, kPayload, kText } readState = kHeader;
@@ -161,7 +166,10 @@ class SocketTransport : public Transport {
   void acceptAll();
   void readFrom(Connection& c, std::unique_lock<std::mutex>& lock);
   bool frameRead(Connection& c);
+  // Writes what is pending on `c` until the socket is full, unless another thread writes to it.
   void writeTo(Connection& c, std::unique_lock<std::mutex>& lock);
+  void writeWhileReady(Connection& c, std::unique_lock<std::mutex>& lock);
+  bool writePending(const Connection& c) const;
   void greeted(Connection& c);
   void lost(Connection& c, const std::string& why);
   void queueAbortFrames();
