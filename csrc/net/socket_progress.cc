@@ -41,14 +41,18 @@ void SocketTransport::progressRounds(std::unique_lock<std::mutex>& lock) {
   while (true) {
     for (auto& c : adopted_) connections_.push_back(std::move(c));
     adopted_.clear();
+    // Dead incoming connections go; outgoing ones stay (their links point at them), closed.
+    for (auto& c : connections_)
+      if (c->dead && c->outgoing) c->socket.reset();
     connections_.erase(std::remove_if(connections_.begin(), connections_.end(),
-                                      [](const auto& c) { return c->dead; }),
+                                      [](const auto& c) { return c->dead && !c->outgoing; }),
                        connections_.end());
     if (aborted_.load()) queueAbortFrames();
     if (stopping_ && (flushed() || Clock::now() >= lingerUntil_)) return;
     fds.assign({pollfd{wakeFd_.fd(), POLLIN, 0}, pollfd{listener_.fd(), POLLIN, 0}});
     polled.clear();
     for (auto& c : connections_) {
+      if (c->dead) continue;
       fds.push_back(pollfd{c->socket.fd(), interest(*c), 0});
       polled.push_back(c.get());
     }
@@ -94,6 +98,7 @@ short SocketTransport::interest(const Connection& c) const {
   if (c.outgoing || c.readState != Connection::kPayload || recvSlotFree(link, c.next))
     events |= POLLIN;
   const bool abortPending = c.abortDone < c.abortFrame.size();
+  if (c.writing) return events;  // the data path writes: it wakes this thread if it leaves any
   if (c.outgoing && c.writeDone > 0) events |= POLLOUT;  // finish the message first
   else if (aborted_.load() ? abortPending : c.outgoing && c.next < link.committed)
     events |= POLLOUT;
@@ -231,7 +236,20 @@ void SocketTransport::greeted(Connection& c) {
 }
 
 void SocketTransport::writeTo(Connection& c, std::unique_lock<std::mutex>& lock) {
-  if (!c.greeted) return;
+  if (!c.greeted || c.writing) return;
+  c.writing = true;
+  writeWhileReady(c, lock);
+  c.writing = false;
+}
+
+bool SocketTransport::writePending(const Connection& c) const {
+  if (c.dead) return false;
+  if (c.writeDone > 0) return true;
+  if (aborted_.load()) return c.abortDone < c.abortFrame.size();
+  return c.outgoing && c.next < links_[c.peer]->committed;
+}
+
+void SocketTransport::writeWhileReady(Connection& c, std::unique_lock<std::mutex>& lock) {
   Link& link = *links_[c.peer];
   while (!c.dead) {
     const bool message = c.outgoing && (c.writeDone > 0 ||
@@ -302,13 +320,8 @@ void SocketTransport::queueAbortFrames() {
 }
 
 bool SocketTransport::flushed() const {
-  for (const auto& c : connections_) {
-    if (c->dead || !c->greeted) continue;
-    if (c->writeDone > 0) return false;
-    if (aborted_.load() ? c->abortDone < c->abortFrame.size()
-                        : c->outgoing && c->next < links_[c->peer]->committed)
-      return false;
-  }
+  for (const auto& c : connections_)
+    if (c->greeted && writePending(*c)) return false;
   return true;
 }
 

@@ -201,7 +201,10 @@ void SocketTransport::ensureOutgoing(int peer) {
   Link& link = *links_[peer];
   allocateSend(link);
   link.outgoing = true;
-  for (auto& c : made) adopted_.push_back(std::move(c));
+  for (auto& c : made) {
+    link.out.push_back(c.get());
+    adopted_.push_back(std::move(c));
+  }
   wake();
 }
 
@@ -230,8 +233,9 @@ void SocketTransport::commitSend(int peer, const Envelope& envelope) {
   RC_CHECK(envelope.bytes <= options_.slotBytes, "a ", envelope.bytes,
            "-byte message exceeds the ", options_.slotBytes, "-byte slots");
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
     Link& link = *links_[peer];
+    Connection& c = *link.out[link.committed % options_.connectionsPerPeer];
     const size_t slot = link.committed % options_.slotCount;
     Frame& frame = link.sendFrames[slot];
     std::memset(static_cast<void*>(&frame), 0, sizeof(frame));  // no stray bytes on the wire
@@ -241,7 +245,9 @@ void SocketTransport::commitSend(int peer, const Envelope& envelope) {
     frame.payloadBytes = envelope.bytes;
     frame.envelope = envelope;
     link.sendBusy[slot] = 1;
-    wake();
+    // Straight into the socket when it takes it; the progress thread writes what is left.
+    if (!aborted_.load()) writeTo(c, lock);
+    if (writePending(c)) wake();
   }
   traffic_.sent(peer, envelope.bytes);
 }

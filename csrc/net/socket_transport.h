@@ -18,11 +18,19 @@
 // receives, a ring cannot deadlock (the shared-memory ring holds slotCount messages per link;
 // this one holds twice that plus the kernel's buffers).
 //
-// Threads: one progress thread per transport runs a poll() loop over the listener, every
-// connection and an eventfd the data path writes when it commits a send or releases a slot
-// (one thread, not one per connection: hosts with few cores run a rank per core). The data path
-// waits on a condition variable with the deadline, waking a few times a second to check the
-// interrupt hook (ringcomm/interrupt.h) without holding its lock.
+// Threads: one progress thread per transport (socket_progress.cc) runs a poll() loop over the
+// listener, every connection and an eventfd the data path writes when it commits a send or
+// releases a slot (one thread, not one per connection: hosts with few cores run a rank per
+// core). The data path waits on a condition variable with the deadline, waking a few times a
+// second to check the interrupt hook (ringcomm/interrupt.h) without holding its lock.
+//
+// Failures: a wait ends with TimeoutError naming the peer (rank, label, address) and what it
+// awaited; with PeerError at once when the peer aborted (its abort frame), when the connection
+// a due message travels on was closed or reset (messages that arrived before still read), or
+// when this transport was aborted. abort() sends "rank R failed: why" on every open
+// connection (after the message being written, if any) and then shuts the connection down.
+// Destruction writes out committed sends for up to the timeout (after an abort: the abort
+// frames, for up to a second), then joins the thread and closes every socket.
 #pragma once
 
 #include <atomic>
@@ -98,10 +106,12 @@ class SocketTransport : public Transport {
  private:
   using Clock = std::chrono::steady_clock;
 
+  struct Connection;
   // One peer, both directions; guarded by mutex_.
   struct Link {
     // Sending: slots, the frame of the message in each, which hold unsent messages.
     bool outgoing = false;  // connections made
+    std::vector<Connection*> out;  // them, by index (kept, dead or alive, until the end)
     std::vector<char> sendSlots;
     std::vector<Frame> sendFrames;
     std::vector<uint8_t> sendBusy;
@@ -117,12 +127,15 @@ class SocketTransport : public Transport {
     std::string abortedBy;                 // the peer's abort frame
   };
 
-  // One socket, owned by the progress thread (adopted_ hands new outgoing ones over).
+  // One socket, owned by the progress thread (adopted_ hands new outgoing ones over). The
+  // thread that commits a send writes it to an idle connection itself (one thread hand-over
+  // less per message); whoever writes marks the connection `writing`.
   struct Connection {
     Socket socket;
     int peer = -1;
     uint32_t index = 0;
     bool outgoing = false, greeted = false, dead = false;
+    bool writing = false;  // a thread writes to it (the progress thread, or a direct send)
     uint64_t next = 0;  // the message this connection writes or reads next
     size_t writeDone = 0;
     enum { kHello, kHeader, kPayload, kText } readState = kHeader;
@@ -153,7 +166,10 @@ class SocketTransport : public Transport {
   void acceptAll();
   void readFrom(Connection& c, std::unique_lock<std::mutex>& lock);
   bool frameRead(Connection& c);
+  // Writes what is pending on `c` until the socket is full, unless another thread writes to it.
   void writeTo(Connection& c, std::unique_lock<std::mutex>& lock);
+  void writeWhileReady(Connection& c, std::unique_lock<std::mutex>& lock);
+  bool writePending(const Connection& c) const;
   void greeted(Connection& c);
   void lost(Connection& c, const std::string& why);
   void queueAbortFrames();
