@@ -42,7 +42,7 @@ def create(rendezvous, options, hosts):
 
 
 def _sockets(rank, size, options, address):
-    return _C.SocketTransport(rank, size, options.slot_bytes, options.slot_count,
+    return _C.SocketTransport(rank, size, options.socket_slot_bytes, options.slot_count,
                               options.socket_connections, options.timeout, address)
 
 
@@ -72,5 +72,5 @@ def _socket_ring(rendezvous, options, address, labels):
     rendezvous.publish("socket", sockets.address)
     sockets.connect([rendezvous.read("socket", r).decode() for r in range(size)], labels)
     return _C.Communicator(rank, size, sockets, _C.CpuReducer(),
-                           options.slice_bytes or options.slot_bytes,
+                           options.slice_bytes or options.socket_slot_bytes,
                            thresholds=options.thresholds())

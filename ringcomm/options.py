@@ -105,6 +105,9 @@ OPTIONS = (
     Option("socket_ifname", "RINGCOMM_SOCKET_IFNAME", str, "",
            "across hosts: the network interface whose IPv4 address peers on other hosts "
            "connect to; empty: the one that routes toward ``MASTER_ADDR``, else the host name's"),
+    Option("socket_slot_bytes", "RINGCOMM_SOCKET_SLOT_BYTES", _size, 256 * KiB,
+           "across hosts: bytes of one TCP message slot (``slot_count`` of them per peer and "
+           "direction); the slice of the network's level of a two-level all_reduce"),
     Option("socket_connections", "RINGCOMM_SOCKET_CONNECTIONS", _size, 2,
            "across hosts: TCP connections per peer and direction; messages take them in turn"),
     Option("debug", "RINGCOMM_DEBUG", _flag("1", "DETAIL"), False,

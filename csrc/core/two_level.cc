@@ -2,11 +2,88 @@
 // host over shared memory, an all_reduce of each rank's shard between hosts (one ring per local
 // index, so each of a host's L ranks carries 1/L of the data over the network), then an
 // all-gather inside each host. Each host sends 2(H-1)/H of the data between hosts, where a flat
-// ring pushes 2(N-1)/N of it through every link that crosses hosts.
+// ring pushes 2(N-1)/N of it through every link that crosses hosts. Large tensors go in pieces,
+// pipelined: the network carries one piece while shared memory reduces the next and gathers the
+// one before (each level's calls keep one order on every rank).
+#include <algorithm>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+
 #include "ringcomm/communicator.h"
 #include "ringcomm/error.h"
 
 namespace ringcomm {
+namespace {
+
+// Bytes of one piece: big enough that a piece's three calls cost little beside its bytes,
+// small enough that the first and last pieces, which nothing overlaps, are a small share.
+constexpr size_t kPieceBytes = 4u << 20;
+
+// Runs `step(k)` for k = 0, 1, ... in order on a thread of its own, as each is posted; `stop`
+// makes a running step fail (the level's abort) when the caller gives up early.
+class Lane {
+ public:
+  Lane(std::function<void(size_t)> step, std::function<void()> stop)
+      : step_(std::move(step)), stop_(std::move(stop)), thread_([this] { loop(); }) {}
+  ~Lane() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (done_ < posted_ && !error_) stop_();  // the caller failed: end the running step
+      closing_ = true;
+    }
+    changed_.notify_all();
+    thread_.join();
+  }
+  void post(size_t k) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      posted_ = k + 1;
+    }
+    changed_.notify_all();
+  }
+  // Waits until step k has run; rethrows what a step raised.
+  void waitFor(size_t k) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [&] { return done_ > k || error_; });
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (true) {
+      changed_.wait(lock, [&] { return closing_ || done_ < posted_; });
+      if (done_ >= posted_ || error_) return;
+      const size_t k = done_;
+      lock.unlock();
+      std::exception_ptr failed;
+      try {
+        step_(k);
+      } catch (...) {
+        failed = std::current_exception();
+      }
+      lock.lock();
+      if (failed) error_ = failed;
+      else ++done_;
+      changed_.notify_all();
+      if (failed) return;
+    }
+  }
+
+  std::function<void(size_t)> step_;
+  std::function<void()> stop_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  size_t posted_ = 0, done_ = 0;
+  bool closing_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;  // last: starts once the rest is ready
+};
+
+}  // namespace
 
 void Communicator::setLevels(std::shared_ptr<Communicator> local, std::vector<int> localRanks,
                              std::shared_ptr<Communicator> cross, std::vector<int> crossRanks) {
@@ -44,7 +121,7 @@ void Communicator::runInLevel(const Level& level, const CollectiveRequest& part)
 
 void Communicator::runInTwoLevels(const CollectiveRequest& r) {
   const size_t hostRanks = local_.comm->worldSize();
-  const size_t shard = r.count / hostRanks, head = shard * hostRanks;
+  const size_t head = r.count / hostRanks * hostRanks;
   const size_t elementBytes = dataTypeSize(r.type);
   char* tensor = static_cast<char*>(r.output);
   if (head < r.count) {  // what does not split evenly (fewer than L elements): the flat ring
@@ -54,22 +131,60 @@ void Communicator::runInTwoLevels(const CollectiveRequest& r) {
     rest.count = r.count - head;
     run(rest);
   }
-  char* mine = tensor + local_.comm->rank() * shard * elementBytes;
+  // Pieces of the even head, each a multiple of the host's rank count.
+  const size_t perPiece = std::max<size_t>(1, kPieceBytes / (elementBytes * hostRanks)) * hostRanks;
+  struct Piece {
+    char* base;
+    size_t shard;  // elements of each rank's shard of it
+    char* mine;    // this rank's shard
+  };
+  std::vector<Piece> pieces;
+  for (size_t first = 0; first < head; first += perPiece) {
+    const size_t shardCount = std::min(perPiece, head - first) / hostRanks;
+    char* base = tensor + first * elementBytes;
+    pieces.push_back({base, shardCount, base + local_.comm->rank() * shardCount * elementBytes});
+  }
   // AVG sums in the levels and divides once, by this communicator's world size.
   const RedOp sum = r.op == RedOp::Avg ? RedOp::Sum : r.op;
-  CallName call{"all_reduce", sequence_++, true};
-  collective(r.stream, call, [&] {
+  auto reduceScatter = [&](const Piece& p) {
     CollectiveRequest part = r;
     part.algorithm = Algorithm::Auto;
-    part.collective = Collective::ReduceScatter, part.output = mine, part.input = tensor;
-    part.count = shard, part.op = sum;
+    part.collective = Collective::ReduceScatter, part.output = p.mine, part.input = p.base;
+    part.count = p.shard, part.op = sum;
     runInLevel(local_, part);
-    part.collective = Collective::AllReduce, part.input = nullptr, part.op = r.op;
+  };
+  auto acrossHosts = [&](const Piece& p) {
+    CollectiveRequest part = r;
+    part.algorithm = Algorithm::Auto;
+    part.collective = Collective::AllReduce, part.output = p.mine, part.input = nullptr;
+    part.count = p.shard;
     part.avgDivisor = r.op == RedOp::Avg ? worldSize_ : 0;
     runInLevel(cross_, part);
-    part.collective = Collective::AllGather, part.output = tensor, part.input = mine;
-    part.op = RedOp::Sum, part.wireType.reset(), part.avgDivisor = 0;
+  };
+  auto allGather = [&](const Piece& p) {
+    CollectiveRequest part = r;
+    part.algorithm = Algorithm::Auto;
+    part.collective = Collective::AllGather, part.output = p.base, part.input = p.mine;
+    part.count = p.shard, part.op = RedOp::Sum, part.wireType.reset();
     runInLevel(local_, part);
+  };
+  CallName call{"all_reduce", sequence_++, true};
+  collective(r.stream, call, [&] {
+    if (pieces.size() == 1) {
+      reduceScatter(pieces[0]), acrossHosts(pieces[0]), allGather(pieces[0]);
+      return;
+    }
+    // This thread runs the host's level (piece k's reduce-scatter, then piece k-1's
+    // all-gather), the lane the network's, one piece behind.
+    Lane lane([&](size_t k) { acrossHosts(pieces[k]); },
+              [&] { cross_.comm->abort("the two-level all_reduce failed inside its host"); });
+    for (size_t k = 0; k < pieces.size(); ++k) {
+      reduceScatter(pieces[k]);
+      lane.post(k);
+      if (k > 0) lane.waitFor(k - 1), allGather(pieces[k - 1]);
+    }
+    lane.waitFor(pieces.size() - 1);
+    allGather(pieces.back());
   });
 }
 
