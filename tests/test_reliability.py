@@ -4,7 +4,6 @@ Each test is bounded in time by the launcher; assertions on elapsed times are ge
 on hangs (timeout + 5 s), not performance thresholds."""
 import os
 import re
-import signal
 import threading
 import time
 
@@ -15,7 +14,7 @@ import torch.distributed as dist
 
 import launcher
 import ringcomm
-from launcher import launch
+from launcher import die_soon, launch
 from shm_leaks import created_by, shm_entries
 
 pytestmark = pytest.mark.usefixtures("nothing_left_in_dev_shm")
@@ -51,11 +50,7 @@ def killed_mid_collective(rank, n):
     big = torch.ones(16 << 20)
     comm.all_reduce(big)  # warm: the ring works
     if rank == n - 1:
-        def kill():
-            time.sleep(0.05)
-            store.set("killed_at", repr(time.time()))
-            os.kill(os.getpid(), signal.SIGKILL)
-        threading.Thread(target=kill, daemon=True).start()
+        die_soon(store)
     with pytest.raises(ringcomm.PeerError) as error:
         for _ in range(1000):
             comm.all_reduce(big)

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 import ringcomm
 from collective_checks import VALID, Checker, counts_for, one_dtype_per_op
-from launcher import launch
+from launcher import die_soon, launch
 from ringcomm import _C, backends
 from sweep import DTYPES
 
@@ -214,11 +214,7 @@ def killed_mid_collective(rank, n):
 
     all_reduce(comm, big)  # the ring works
     if rank == n - 1:
-        def kill():
-            time.sleep(0.05)
-            store.set("killed_at", repr(time.time()))
-            os.kill(os.getpid(), signal.SIGKILL)
-        threading.Thread(target=kill, daemon=True).start()
+        die_soon(store)
     with pytest.raises(ringcomm.PeerError) as error:
         for _ in range(10000):
             all_reduce(comm, big)
