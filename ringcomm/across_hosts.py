@@ -2,10 +2,10 @@
 
 - The ring every collective can run on: a neighbour on this host over a shared-memory channel,
   one on another host over TCP (``_C.RoutedTransport`` picks per peer).
-- all_reduce, when every host has as many ranks (L > 1): in two levels (csrc/core/two_level.cc)
-  over a shared-memory ring of this host's ranks and a TCP ring of the ranks with this rank's
-  local index on every host, so that each of a host's ranks carries 1/L of the data between
-  hosts.
+- all_reduce, reduce_scatter and all_gather, when every host has as many ranks (L > 1): in two
+  levels (csrc/core/two_level.cc) over a shared-memory ring of this host's ranks and a TCP ring
+  of the ranks with this rank's local index on every host, so that each of a host's ranks
+  carries 1/L of the data between hosts.
 - Point-to-point: shared memory to a rank on this host, TCP to others (peer_links.PeerLinks).
 Every TCP transport listens on ``hosts.listen_address``; connections are made on first use."""
 from . import _C, cpu_backend, hosts as hosts_module
@@ -37,7 +37,7 @@ def create(rendezvous, options, hosts):
             rendezvous.subgroup(f"host{hosts.host}", hosts.local_ranks), options)
         cross = _socket_ring(rendezvous.subgroup(f"across{hosts.local_index}", hosts.cross_ranks),
                              options, address, [labels[r] for r in hosts.cross_ranks])
-        comm.set_levels(local, list(hosts.local_ranks), cross, list(hosts.cross_ranks))
+        comm.set_levels(local, cross, [list(ranks) for ranks in hosts.ranks])
     return comm
 
 

@@ -51,11 +51,16 @@ def sweep(comm):
     comm.all_to_all(received, sent)
     expected = torch.cat([torch.arange(3 * r, 3 * r + 3, dtype=torch.int64) + 100 * q for q in range(n)])
     checker.check("all_to_all_single", received, expected)
-    comm.reset_stats()
-    comm.all_reduce(torch.ones(1 << 16))
-    stats = comm.stats()
-    return {"failures": checker.failures, "cases": checker.cases,
-            "bytes_sent": stats.bytes_sent}
+    sent = {}
+    for name, call in (("all_reduce", lambda: comm.all_reduce(torch.ones(1 << 16))),
+                       ("reduce_scatter", lambda: comm.reduce_scatter(
+                           torch.empty(1 << 14), torch.ones(n << 14))),
+                       ("all_gather", lambda: comm.all_gather(
+                           torch.empty(n << 14), torch.ones(1 << 14)))):
+        comm.reset_stats()
+        call()
+        sent[name] = comm.stats().bytes_sent
+    return {"failures": checker.failures, "cases": checker.cases, "bytes_sent": sent}
 
 
 def ddp(_comm):

@@ -42,15 +42,20 @@ def test_every_collective_is_exact_across_hosts(count, per_host):
         assert r["cases"] > 300 and not r["failures"], r["failures"][:10]
     assert leftovers == [[]] * count  # nothing of ours stays in any host's /dev/shm
     if per_host == 2:
-        # A 256 KiB all_reduce in two levels: each rank sends its host peer half the data in
-        # the reduce-scatter and its 128 KiB shard in the all-gather, and the other host only
-        # its shard's ring traffic (2(H-1)/H of 128 KiB); nothing to the rank it shares no
-        # level with (a flat ring would send 384 KiB to its successor).
+        # In two levels each rank sends its host peer (rank ^ 1) and its ring peer on the other
+        # host ((rank + 2) % 4) only, and the network its share: for a 256 KiB all_reduce, half
+        # the data in the reduce-scatter and its 128 KiB shard in the all-gather inside the
+        # host, the shard's ring traffic (2(H-1)/H of 128 KiB) between hosts (a flat ring would
+        # send 384 KiB to its successor); for reduce_scatter and all_gather of 64 KiB blocks,
+        # two groups of 2 blocks inside the host (half of them), one block between hosts.
+        expected = {"all_reduce": (256, 128), "reduce_scatter": (128, 64),
+                    "all_gather": (128, 64)}
         for rank, r in by_rank.items():
             peer, across = rank ^ 1, (rank + 2) % 4
-            assert r["bytes_sent"][peer] == 256 * 1024, r["bytes_sent"]
-            assert r["bytes_sent"][across] == 128 * 1024, r["bytes_sent"]
-            assert r["bytes_sent"][rank] == r["bytes_sent"][(rank + 2) % 4 ^ 1] == 0
+            for name, (to_peer, to_across) in expected.items():
+                sent = r["bytes_sent"][name]
+                assert (sent[peer], sent[across]) == (to_peer * 1024, to_across * 1024), (name, sent)
+                assert sent[rank] == sent[across ^ 1] == 0, (name, sent)
 
 
 def test_ddp_trains_on_the_ringcomm_backend_across_hosts():

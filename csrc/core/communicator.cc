@@ -185,7 +185,11 @@ LocalCopy mapBuffers(const CollectiveRequest& r, int rank, int worldSize, Planne
 void Communicator::run(const CollectiveRequest& r) {
   checkUsable();
   checkRequest(r);
-  if (runsInTwoLevels(r)) return runInTwoLevels(r);
+  if (runsInTwoLevels(r)) {
+    if (r.collective == Collective::AllReduce) return allReduceInTwoLevels(r);
+    if (r.collective == Collective::ReduceScatter) return reduceScatterInTwoLevels(r);
+    return allGatherInTwoLevels(r);
+  }
   const DataType wireType = r.wireType.value_or(r.type);
   const bool inPlace = collectiveInfo(r.collective).layout == Layout::InPlace;
   const size_t bytes = r.count * (inPlace ? 1 : worldSize_) * dataTypeSize(r.type);

@@ -1,17 +1,13 @@
-// all_reduce across hosts in two levels (Communicator::setLevels): a reduce-scatter inside each
-// host over shared memory, an all_reduce of each rank's shard between hosts (one ring per local
-// index, so each of a host's L ranks carries 1/L of the data over the network), then an
-// all-gather inside each host. Each host sends 2(H-1)/H of the data between hosts, where a flat
+// Collectives across hosts in two levels (Communicator::setLevels). all_reduce: a reduce-scatter
+// inside each host over shared memory, an all_reduce of each rank's shard between hosts (one ring
+// per local index, so each of a host's L ranks carries 1/L of the data over the network), then
+// an all-gather inside each host. Each host sends 2(H-1)/H of the data between hosts, where a flat
 // ring pushes 2(N-1)/N of it through every link that crosses hosts. Large tensors go in pieces,
 // pipelined: the network carries one piece while shared memory reduces the next and gathers the
 // one before (each level's calls keep one order on every rank).
 #include <algorithm>
-#include <condition_variable>
-#include <exception>
-#include <functional>
-#include <mutex>
-#include <thread>
 
+#include "core/lane.h"
 #include "ringcomm/communicator.h"
 #include "ringcomm/error.h"
 
@@ -22,90 +18,49 @@ namespace {
 // small enough that the first and last pieces, which nothing overlaps, are a small share.
 constexpr size_t kPieceBytes = 4u << 20;
 
-// Runs `step(k)` for k = 0, 1, ... in order on a thread of its own, as each is posted; `stop`
-// makes a running step fail (the level's abort) when the caller gives up early.
-class Lane {
- public:
-  Lane(std::function<void(size_t)> step, std::function<void()> stop)
-      : step_(std::move(step)), stop_(std::move(stop)), thread_([this] { loop(); }) {}
-  ~Lane() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (done_ < posted_ && !error_) stop_();  // the caller failed: end the running step
-      closing_ = true;
-    }
-    changed_.notify_all();
-    thread_.join();
-  }
-  void post(size_t k) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      posted_ = k + 1;
-    }
-    changed_.notify_all();
-  }
-  // Waits until step k has run; rethrows what a step raised.
-  void waitFor(size_t k) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    changed_.wait(lock, [&] { return done_ > k || error_; });
-    if (error_) std::rethrow_exception(error_);
-  }
-
- private:
-  void loop() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    while (true) {
-      changed_.wait(lock, [&] { return closing_ || done_ < posted_; });
-      if (done_ >= posted_ || error_) return;
-      const size_t k = done_;
-      lock.unlock();
-      std::exception_ptr failed;
-      try {
-        step_(k);
-      } catch (...) {
-        failed = std::current_exception();
-      }
-      lock.lock();
-      if (failed) error_ = failed;
-      else ++done_;
-      changed_.notify_all();
-      if (failed) return;
-    }
-  }
-
-  std::function<void(size_t)> step_;
-  std::function<void()> stop_;
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  size_t posted_ = 0, done_ = 0;
-  bool closing_ = false;
-  std::exception_ptr error_;
-  std::thread thread_;  // last: starts once the rest is ready
-};
-
 }  // namespace
 
-void Communicator::setLevels(std::shared_ptr<Communicator> local, std::vector<int> localRanks,
-                             std::shared_ptr<Communicator> cross, std::vector<int> crossRanks) {
+void Communicator::setLevels(std::shared_ptr<Communicator> local,
+                             std::shared_ptr<Communicator> cross,
+                             std::vector<std::vector<int>> hostRanks) {
   RC_CHECK(local && cross, "two levels need a communicator for each");
-  RC_CHECK(static_cast<int>(localRanks.size()) == local->worldSize() &&
-               static_cast<int>(crossRanks.size()) == cross->worldSize(),
-           "each level needs the ranks of its members, one per member");
-  RC_CHECK(local->worldSize() * cross->worldSize() == worldSize_, "levels of ",
-           local->worldSize(), " ranks per host and ", cross->worldSize(), " hosts do not make ",
-           worldSize_, " ranks");
-  RC_CHECK(localRanks[local->rank()] == rank_ && crossRanks[cross->rank()] == rank_,
-           "this rank is not the levels' own member");
-  local_.comm = std::move(local), local_.ranks = std::move(localRanks);
-  cross_.comm = std::move(cross), cross_.ranks = std::move(crossRanks);
+  const size_t hosts = hostRanks.size(), perHost = local->worldSize();
+  RC_CHECK(hosts == static_cast<size_t>(cross->worldSize()) &&
+               hosts * perHost == static_cast<size_t>(worldSize_),
+           "levels of ", perHost, " ranks per host and ", cross->worldSize(),
+           " hosts do not make ", worldSize_, " ranks");
+  std::vector<int> seen(worldSize_, 0);
+  for (const std::vector<int>& ranks : hostRanks) {
+    RC_CHECK(ranks.size() == perHost, "every host needs ", perHost, " ranks, one has ",
+             ranks.size());
+    for (int r : ranks)
+      RC_CHECK(r >= 0 && r < worldSize_ && seen[r]++ == 0, "rank ", r,
+               " is not a rank, or is on two hosts");
+  }
+  const int host = cross->rank(), index = local->rank();
+  RC_CHECK(hostRanks[host][index] == rank_, "the levels do not put this rank where it is");
+  local_.comm = std::move(local), local_.ranks = hostRanks[host];
+  cross_.comm = std::move(cross), cross_.ranks.clear();
+  for (const std::vector<int>& ranks : hostRanks) cross_.ranks.push_back(ranks[index]);
+  hostRanks_ = std::move(hostRanks);
 }
 
 bool Communicator::runsInTwoLevels(const CollectiveRequest& r) const {
-  // Fewer elements than a host has ranks leave a rank no shard: the flat ring runs them.
-  return local_.comm && r.collective == Collective::AllReduce &&
-         r.count >= static_cast<size_t>(local_.comm->worldSize()) &&
-         resolveAlgorithm(r.algorithm, r.collective, r.count * dataTypeSize(r.type)) ==
-             Algorithm::Ring;
+  if (!local_.comm || r.count == 0) return false;
+  switch (r.collective) {
+    case Collective::AllReduce:
+      // Fewer elements than a host has ranks leave a rank no shard: the flat ring runs them.
+      if (r.count < static_cast<size_t>(local_.comm->worldSize())) return false;
+      break;
+    case Collective::ReduceScatter:
+    case Collective::AllGather:
+      break;
+    default:
+      return false;
+  }
+  const size_t blocks = r.collective == Collective::AllReduce ? 1 : worldSize_;
+  return resolveAlgorithm(r.algorithm, r.collective, r.count * blocks * dataTypeSize(r.type)) ==
+         Algorithm::Ring;
 }
 
 void Communicator::runInLevel(const Level& level, const CollectiveRequest& part) {
@@ -119,7 +74,7 @@ void Communicator::runInLevel(const Level& level, const CollectiveRequest& part)
   }
 }
 
-void Communicator::runInTwoLevels(const CollectiveRequest& r) {
+void Communicator::allReduceInTwoLevels(const CollectiveRequest& r) {
   const size_t hostRanks = local_.comm->worldSize();
   const size_t head = r.count / hostRanks * hostRanks;
   const size_t elementBytes = dataTypeSize(r.type);
@@ -185,6 +140,57 @@ void Communicator::runInTwoLevels(const CollectiveRequest& r) {
     }
     lane.waitFor(pieces.size() - 1);
     allGather(pieces.back());
+  });
+}
+
+void Communicator::reorderBlocks(char* to, const char* from, size_t blockBytes, bool toGroups) {
+  const size_t hosts = hostRanks_.size();
+  for (size_t h = 0; h < hosts; ++h)
+    for (size_t i = 0; i < hostRanks_[h].size(); ++i) {
+      const size_t rankOrder = hostRanks_[h][i] * blockBytes, groupOrder = (i * hosts + h) * blockBytes;
+      if (toGroups) reducer_->copy(to + groupOrder, nullptr, from + rankOrder, blockBytes);
+      else reducer_->copy(to + rankOrder, nullptr, from + groupOrder, blockBytes);
+    }
+}
+
+// reduce_scatter: the blocks in group order (each local index's H blocks together), reduced
+// inside the host (this rank keeps its local index's group), then between hosts (it keeps its
+// own block). Each host sends (H-1)/H of the data between hosts.
+void Communicator::reduceScatterInTwoLevels(const CollectiveRequest& r) {
+  const size_t hosts = hostRanks_.size(), block = r.count * dataTypeSize(r.type);
+  if (scratch_.size() < worldSize_ * block) scratch_.resize(worldSize_ * block);
+  char* groups = scratch_.data();
+  char* mine = groups + local_.comm->rank() * hosts * block;
+  CallName call{"reduce_scatter", sequence_++, true};
+  collective(r.stream, call, [&] {
+    reorderBlocks(groups, static_cast<const char*>(r.input), block, true);
+    CollectiveRequest part = r;
+    part.algorithm = Algorithm::Auto;
+    part.output = mine, part.input = groups, part.count = hosts * r.count;
+    part.op = r.op == RedOp::Avg ? RedOp::Sum : r.op;  // AVG divides once, by N
+    runInLevel(local_, part);
+    part.output = r.output, part.input = mine, part.count = r.count, part.op = r.op;
+    part.avgDivisor = r.op == RedOp::Avg ? worldSize_ : 0;
+    runInLevel(cross_, part);
+  });
+}
+
+// all_gather: between hosts first (this rank's local index's group), then inside the host (every
+// group), then from group order into rank order.
+void Communicator::allGatherInTwoLevels(const CollectiveRequest& r) {
+  const size_t hosts = hostRanks_.size(), block = r.count * dataTypeSize(r.type);
+  if (scratch_.size() < worldSize_ * block) scratch_.resize(worldSize_ * block);
+  char* groups = scratch_.data();
+  char* mine = groups + local_.comm->rank() * hosts * block;
+  CallName call{"all_gather", sequence_++, true};
+  collective(r.stream, call, [&] {
+    CollectiveRequest part = r;
+    part.algorithm = Algorithm::Auto;
+    part.output = mine;  // the input is this rank's block (in place too: read before written)
+    runInLevel(cross_, part);
+    part.output = groups, part.input = mine, part.count = hosts * r.count;
+    runInLevel(local_, part);
+    reorderBlocks(static_cast<char*>(r.output), groups, block, false);
   });
 }
 

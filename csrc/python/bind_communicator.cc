@@ -67,8 +67,8 @@ void bindCollectives(ClassOfComm& comm) {
 void bindPointToPoint(ClassOfComm& comm) {
   auto release = py::call_guard<py::gil_scoped_release>();
   comm.def("set_peer_links", &Comm::setPeerLinks, py::arg("links"))
-      .def("set_levels", &Comm::setLevels, py::arg("local"), py::arg("local_ranks"),
-           py::arg("cross"), py::arg("cross_ranks"))
+      .def("set_levels", &Comm::setLevels, py::arg("local"), py::arg("cross"),
+           py::arg("host_ranks"))
       .def(
           "send",
           [](Comm& c, uintptr_t data, size_t n, DataType t, int peer, int tag, uintptr_t stream) {

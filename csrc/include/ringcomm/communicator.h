@@ -114,11 +114,13 @@ class Communicator {
 
   // Ranks grouped by host (the CPU path across hosts): `local` joins this host's ranks (shared
   // memory), `cross` the ranks with this rank's local index on every host (the network), and
-  // all_reduce runs in two levels over them (csrc/core/two_level.cc) while every other call
-  // runs on this communicator's own ring. `localRanks`/`crossRanks`: their members' ranks in
-  // this communicator, for traffic and errors. Every host must have as many ranks.
-  void setLevels(std::shared_ptr<Communicator> local, std::vector<int> localRanks,
-                 std::shared_ptr<Communicator> cross, std::vector<int> crossRanks);
+  // all_reduce, reduce_scatter and all_gather run in two levels over them
+  // (csrc/core/two_level.cc) while every other call runs on this communicator's own ring.
+  // hostRanks[h][i]: the rank of host h's i-th rank in this communicator (local is host h's,
+  // in that order; cross has host h's member as its rank h). Every host has as many ranks.
+  // A host path: buffers are host memory.
+  void setLevels(std::shared_ptr<Communicator> local, std::shared_ptr<Communicator> cross,
+                 std::vector<std::vector<int>> hostRanks);
 
   void setSliceBytes(size_t bytes);
   size_t sliceBytes() const { return options_.sliceBytes; }
@@ -143,7 +145,12 @@ class Communicator {
     const char* where;  // "inside this host", for errors
   };
   bool runsInTwoLevels(const CollectiveRequest& request) const;
-  void runInTwoLevels(const CollectiveRequest& request);
+  void allReduceInTwoLevels(const CollectiveRequest& request);
+  void reduceScatterInTwoLevels(const CollectiveRequest& request);
+  void allGatherInTwoLevels(const CollectiveRequest& request);
+  // Copies blocks of `blockBytes` between rank order (block r is rank r's) and group order
+  // (host h's i-th rank's block at i * H + h: the blocks of each local index together).
+  void reorderBlocks(char* to, const char* from, size_t blockBytes, bool toGroups);
   // Runs `part` on `level`, naming the level and its ranks in any error.
   void runInLevel(const Level& level, const CollectiveRequest& part);
   // begin(stream, call), body, end(); on failure records it and aborts the transport.
@@ -182,6 +189,9 @@ class Communicator {
   std::string abortReason_;
   std::shared_ptr<Transport> links_;
   Level local_{nullptr, {}, "inside this host"}, cross_{nullptr, {}, "between hosts"};
+  std::vector<std::vector<int>> hostRanks_;
+  std::vector<char> scratch_;  // two-level reduce_scatter and all_gather's blocks, kept
+
   std::vector<uint64_t> sent_, received_;  // messages per peer: their envelopes' sequence
 };
 
