@@ -153,23 +153,29 @@ void Communicator::reorderBlocks(char* to, const char* from, size_t blockBytes, 
     }
 }
 
+Communicator::GroupedBlocks Communicator::groupedBlocks(const CollectiveRequest& r) {
+  GroupedBlocks g;
+  g.hosts = hostRanks_.size(), g.block = r.count * dataTypeSize(r.type);
+  if (scratch_.size() < worldSize_ * g.block) scratch_.resize(worldSize_ * g.block);
+  g.groups = scratch_.data();
+  g.mine = g.groups + local_.comm->rank() * g.hosts * g.block;
+  return g;
+}
+
 // reduce_scatter: the blocks in group order (each local index's H blocks together), reduced
 // inside the host (this rank keeps its local index's group), then between hosts (it keeps its
 // own block). Each host sends (H-1)/H of the data between hosts.
 void Communicator::reduceScatterInTwoLevels(const CollectiveRequest& r) {
-  const size_t hosts = hostRanks_.size(), block = r.count * dataTypeSize(r.type);
-  if (scratch_.size() < worldSize_ * block) scratch_.resize(worldSize_ * block);
-  char* groups = scratch_.data();
-  char* mine = groups + local_.comm->rank() * hosts * block;
+  const GroupedBlocks g = groupedBlocks(r);
   CallName call{"reduce_scatter", sequence_++, true};
   collective(r.stream, call, [&] {
-    reorderBlocks(groups, static_cast<const char*>(r.input), block, true);
+    reorderBlocks(g.groups, static_cast<const char*>(r.input), g.block, true);
     CollectiveRequest part = r;
     part.algorithm = Algorithm::Auto;
-    part.output = mine, part.input = groups, part.count = hosts * r.count;
+    part.output = g.mine, part.input = g.groups, part.count = g.hosts * r.count;
     part.op = r.op == RedOp::Avg ? RedOp::Sum : r.op;  // AVG divides once, by N
     runInLevel(local_, part);
-    part.output = r.output, part.input = mine, part.count = r.count, part.op = r.op;
+    part.output = r.output, part.input = g.mine, part.count = r.count, part.op = r.op;
     part.avgDivisor = r.op == RedOp::Avg ? worldSize_ : 0;
     runInLevel(cross_, part);
   });
@@ -178,19 +184,16 @@ void Communicator::reduceScatterInTwoLevels(const CollectiveRequest& r) {
 // all_gather: between hosts first (this rank's local index's group), then inside the host (every
 // group), then from group order into rank order.
 void Communicator::allGatherInTwoLevels(const CollectiveRequest& r) {
-  const size_t hosts = hostRanks_.size(), block = r.count * dataTypeSize(r.type);
-  if (scratch_.size() < worldSize_ * block) scratch_.resize(worldSize_ * block);
-  char* groups = scratch_.data();
-  char* mine = groups + local_.comm->rank() * hosts * block;
+  const GroupedBlocks g = groupedBlocks(r);
   CallName call{"all_gather", sequence_++, true};
   collective(r.stream, call, [&] {
     CollectiveRequest part = r;
     part.algorithm = Algorithm::Auto;
-    part.output = mine;  // the input is this rank's block (in place too: read before written)
+    part.output = g.mine;  // the input is this rank's block (in place too: read before written)
     runInLevel(cross_, part);
-    part.output = groups, part.input = mine, part.count = hosts * r.count;
+    part.output = g.groups, part.input = g.mine, part.count = g.hosts * r.count;
     runInLevel(local_, part);
-    reorderBlocks(static_cast<char*>(r.output), groups, block, false);
+    reorderBlocks(static_cast<char*>(r.output), g.groups, g.block, false);
   });
 }
 

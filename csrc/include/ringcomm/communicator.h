@@ -151,6 +151,13 @@ class Communicator {
   // Copies blocks of `blockBytes` between rank order (block r is rank r's) and group order
   // (host h's i-th rank's block at i * H + h: the blocks of each local index together).
   void reorderBlocks(char* to, const char* from, size_t blockBytes, bool toGroups);
+  // The scratch for a request's blocks in group order, and this rank's group in it.
+  struct GroupedBlocks {
+    size_t hosts = 0, block = 0;  // block: bytes of one rank's block
+    char* groups = nullptr;
+    char* mine = nullptr;
+  };
+  GroupedBlocks groupedBlocks(const CollectiveRequest& request);
   // Runs `part` on `level`, naming the level and its ranks in any error.
   void runInLevel(const Level& level, const CollectiveRequest& part);
   // begin(stream, call), body, end(); on failure records it and aborts the transport.
