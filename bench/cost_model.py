@@ -23,6 +23,11 @@ Non-power-of-two N costs recursive doubling and halving-doubling one extra excha
 before and after (the ranks beyond the largest power of two fold in). A flat algorithm that
 spans several nodes runs at the pace of its slowest link: the inter-node alpha and beta.
 
+--calibrate-inter fits the between-node alpha and beta the same way from a run across hosts
+(bench/emulated_hosts.py ... bench/run.py --json: ringcomm's two-level all_reduce, time =
+in-node reduce-scatter and all-gather at the in-node link + a ring of the hosts on S/G), so the
+beta is what one local rank gets of the host's link when all of them send at once.
+
 --calibrate fits the in-node alpha and beta by least squares from a bench/run.py or bench/tune.py
 --json file (ring all_reduce records: time = 2(N-1) alpha + 2(N-1)/N S beta), so the in-node
 column of the model is the measured machine's; beta then includes the reduction (gamma = 0).
@@ -185,6 +190,30 @@ def fit(records, algorithm="ring"):
     return float(alpha), float(beta)
 
 
+def fit_inter(records, machine):
+    """(alpha, beta) between nodes from ringcomm all_reduce records across hosts of
+    `machine.ranks_per_node` ranks each, by least squares on two_level with the in-node link
+    known (its part of each time is taken off first)."""
+    g = machine.ranks_per_node
+    rows = [r for r in records if r.get("collective") == "all_reduce"
+            and _algorithm(r.get("impl", "")) == "ring" and r.get("nranks", 1) > g
+            and r.get("time_us")]
+    if len({r["size"] for r in rows}) < 2:
+        raise ValueError(f"calibration needs all_reduce records across hosts of {g} ranks "
+                         "at two sizes or more")
+    inside = np.array([two_level(r["nranks"], r["size"], replace(machine, inter=Link(0.0, 0.0)))
+                       for r in rows])
+    a = np.array([[ring(math.ceil(r["nranks"] / g), r["size"] / g, Link(1.0, 0.0)),
+                   ring(math.ceil(r["nranks"] / g), r["size"] / g, Link(0.0, 1.0))] for r in rows])
+    t = np.array([r["time_us"] * 1e-6 for r in rows]) - inside
+    w = 1 / np.array([r["time_us"] * 1e-6 for r in rows])
+    (alpha, beta), *_ = np.linalg.lstsq(a * w[:, None], t * w, rcond=None)
+    if alpha <= 0 or beta <= 0:
+        raise ValueError(f"calibration gave alpha={alpha:.3g} s, beta={beta:.3g} s/B between "
+                         "nodes: measure a wider size range")
+    return float(alpha), float(beta)
+
+
 def _size(nbytes):
     for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
         if nbytes >= scale:
@@ -237,6 +266,9 @@ def main(argv=None):
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--calibrate", metavar="JSON", help="bench/run.py or bench/tune.py --json "
                    "output to fit the in-node alpha and beta from (ring all_reduce records)")
+    p.add_argument("--calibrate-inter", metavar="JSON", help="bench/run.py --json output of a "
+                   "run across hosts of --ranks-per-node ranks each, to fit the between-node "
+                   "alpha and beta from (ringcomm's two-level all_reduce)")
     p.add_argument("--intra-alpha-us", type=float, default=DEFAULT_INTRA[0] * 1e6)
     p.add_argument("--intra-gbps", type=float, default=1 / DEFAULT_INTRA[1] / 1e9,
                    help="in-node bandwidth per rank, GB/s (1/beta)")
@@ -261,10 +293,15 @@ def main(argv=None):
         intra = replace(intra, alpha=fits["ring"][0], beta=fits["ring"][1])
     inter = Link(args.inter_alpha_us * 1e-6, 1 / (args.inter_gbps * 1e9), gamma)
     machine = Machine(intra, inter, args.ranks_per_node)
+    if args.calibrate_inter:
+        alpha, beta = fit_inter(load_records(args.calibrate_inter), machine)
+        machine = replace(machine, inter=replace(inter, alpha=alpha, beta=beta))
+        inter = machine.inter
 
     print(f"# in node: alpha {intra.alpha * 1e6:.2f} us, {1 / intra.beta / 1e9:.2f} GB/s"
           f"{' (fitted)' if args.calibrate else ''}; between nodes: alpha "
-          f"{inter.alpha * 1e6:.2f} us, {1 / inter.beta / 1e9:.2f} GB/s; "
+          f"{inter.alpha * 1e6:.2f} us, {1 / inter.beta / 1e9:.2f} GB/s"
+          f"{' (fitted)' if args.calibrate_inter else ''}; "
           f"{machine.ranks_per_node} ranks per node")
     for name, (alpha, beta) in fits.items():
         if name != "ring":

@@ -16,6 +16,7 @@ except ImportError as error:  # e.g. importing the source tree, which has no com
         "(`pip install .`) and import it from outside the source folder, or build in place "
         f"(`python setup.py build_ext --inplace`). Cause: {error}") from error
 from . import cpu_backend, cuda_backend  # noqa: F401  each registers its backend (backends.py)
+from . import shm_links, tcp_links  # noqa: F401  each registers its link kind, in preference order
 from . import ddp
 from ._C import CommTimeoutError, MismatchError, PeerError, RingcommError
 from .communicator import Communicator

@@ -338,7 +338,7 @@ class Communicator(PointToPoint, CollectiveRouting):
         self._queue.close()  # finishes queued async work first
         with self._lock:
             self._closed, self._cpu = True, None
-            if self._links is not None:  # before the ring goes: see PeerLinks
+            if self._links is not None:  # before the ring goes: see shm_links
                 cpu = self._backends.get(("cpu", -1))
                 self._links.close(failed=cpu is None or bool(cpu.failure))
             for comm in self._backends.values():

@@ -27,6 +27,7 @@ class Hosts(NamedTuple):
     ranks: tuple  # per host, its ranks in increasing order
     names: tuple  # per host, its host name (for messages)
     host_of: tuple  # per rank, its host's number
+    world: tuple = ()  # per rank, its rank in the world (of(): a group's members); () the same
 
     @property
     def host(self):
@@ -51,12 +52,18 @@ class Hosts(NamedTuple):
         """The ranks with this rank's local index on every host, in host order (uniform only)."""
         return tuple(ranks[self.local_index] for ranks in self.ranks)
 
+    def of(self, ranks):
+        """The hosts of a group of `ranks` (this rank among them), numbered within it."""
+        seen = [(str(self.host_of[r]), self.names[self.host_of[r]]) for r in ranks]
+        group = grouped(list(ranks).index(self.rank), seen)
+        return group._replace(world=tuple(self.world[r] if self.world else r for r in ranks))
+
     def same_host(self, peer):
         return self.host_of[peer] == self.host
 
     def label(self, peer):
-        """"rank 3 on host1": how messages name a rank."""
-        return f"rank {peer} on {self.names[self.host_of[peer]]}"
+        """"rank 3 on host1": how messages name a rank (by its rank in the world)."""
+        return f"rank {self.world[peer] if self.world else peer} on {self.names[self.host_of[peer]]}"
 
 
 def exchange(rendezvous):

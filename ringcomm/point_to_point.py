@@ -225,14 +225,18 @@ class PointToPoint:
         return backends.for_device(buf.device).p2p_on_ring
 
     def _peer_links(self):
-        """The CPU ring's communicator, with its point-to-point links set up on first use."""
+        """The CPU ring's communicator, with its point-to-point links (ringcomm.links.Links):
+        the ones it made at set-up (across hosts), else made now."""
         with self._lock:
             comm = self._communicator_for("cpu", -1)
             links = self._links
             if links is None:
-                from .peer_links import PeerLinks
+                from .links import Links
 
-                links = self._links = PeerLinks(self._rendezvous, comm, self.options)
+                links = getattr(comm, "peer_links", None) or Links(
+                    self._rendezvous, self.options, None, "p2p")
+                comm.set_peer_links(links.transport)
+                self._links = links
             return comm, links
 
     def _batch_links(self, entries):

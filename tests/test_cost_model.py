@@ -80,3 +80,14 @@ def test_command_line_prints_the_table_and_writes_json_and_plot(tmp_path, capsys
     assert {r["ranks"] for r in rows} == set(cm.RANKS)
     assert all(math.isfinite(r["ring"]) and r["ring"] > 0 for r in rows)
     assert out_png.stat().st_size > 10_000
+
+
+def test_fit_inter_recovers_the_links_between_nodes_from_two_level_times():
+    machine = cm.Machine(cm.Link(9e-6, 1 / 5e9), cm.Link(80e-6, 1 / 0.2e9), 2)
+    records = [{"collective": "all_reduce", "impl": "ringcomm", "nranks": 4, "size": s,
+                "time_us": cm.two_level(4, s, machine) * 1e6}
+               for s in (8, 1 << 15, 1 << 20, 1 << 26)]
+    alpha, beta = cm.fit_inter(records, machine)
+    assert alpha == pytest.approx(80e-6, rel=1e-6) and beta == pytest.approx(1 / 0.2e9, rel=1e-6)
+    with pytest.raises(ValueError, match="across hosts"):
+        cm.fit_inter(records[:1], machine)

@@ -1,0 +1,34 @@
+"""TCP links between ranks anywhere (csrc/net/socket_transport.h): every rank listens on one
+address (``hosts.listen_address``) and publishes it when the links are made, which every rank
+of the communicator does together; a pair's connections are made by the transport itself on its
+first message."""
+from . import _C, hosts as hosts_module, links
+
+
+class SocketLinks:
+    def __init__(self, rendezvous, options, hosts, key):
+        rank, size = rendezvous.rank, rendezvous.world_size
+        self.transport = _C.SocketTransport(
+            rank, size, options.socket_slot_bytes, options.slot_count,
+            options.socket_connections, options.timeout,
+            hosts_module.listen_address(options.socket_ifname))
+        self.slot_bytes = options.socket_slot_bytes
+        rendezvous.publish(f"{key}-tcp", self.transport.address)
+        labels = [f"rank {r}" if hosts is None else hosts.label(r) for r in range(size)]
+        self.transport.connect([rendezvous.read(f"{key}-tcp", r).decode() for r in range(size)],
+                               labels)
+
+    def to(self, peer):
+        pass  # connected on the first message
+
+    def from_(self, peer, wait=True):
+        return True  # the peer connects to this rank's listener
+
+    def arrived_tag(self, peer):
+        return self.transport.arrived_tag(peer)
+
+    def close(self, failed=False):
+        pass  # the transport writes out what was sent before it closes
+
+
+links.register(links.LinkKind("tcp", reaches=lambda same_host: True, make=SocketLinks))
