@@ -3,8 +3,9 @@ import threading
 
 import numpy as np
 import torch
+from torch.autograd import profiler as _torch_profiler
 
-from . import _C, backends, checks
+from . import _C, backends, checks, observe
 from .buffers import NUMPY_C_DTYPES, TORCH_C_DTYPES, as_buffer, as_c_dtype
 from .in_order_queue import InOrderQueue, on_worker
 from .options import COLLECTIVES_WITH_ALGORITHM, CommOptions, algorithm_for
@@ -65,6 +66,7 @@ class Communicator(PointToPoint, CollectiveRouting):
         self.world_size = self._rendezvous.world_size
         self.options = options.resolved(self.world_size)
         self.timeout = self.options.timeout
+        observe.configure(self.options.log)
         self.debug, self.check_finite = self.options.debug, self.options.check_finite
         self._backends = {}
         self._cpu = None  # the CPU ring's _C.Communicator once set up, until closed
@@ -118,6 +120,7 @@ class Communicator(PointToPoint, CollectiveRouting):
         wire = None if wire_dtype is None else as_c_dtype(wire_dtype)
         return self.run_in_place(_ALL_REDUCE, tensor, to_c_op(op), 0, algorithm, wire, async_op)
 
+    @observe.traced("reduce_scatter")
     def reduce_scatter(self, output, input, op="sum", *, async_op=False, algorithm=None):
         """Reduces ``input`` (world_size x output.numel() elements) over ranks; rank r gets block r.
 
@@ -137,6 +140,7 @@ class Communicator(PointToPoint, CollectiveRouting):
                                     self._algorithm_for("reduce_scatter", algorithm))
         return self._route(request, out, inp, output, async_op)
 
+    @observe.traced("all_gather")
     def all_gather(self, output, input, *, async_op=False, algorithm=None):
         """Concatenates every rank's ``input`` into ``output`` (world_size x input.numel()).
 
@@ -166,6 +170,7 @@ class Communicator(PointToPoint, CollectiveRouting):
         checks.root(src, "src", self.world_size)
         return self.run_in_place(_BROADCAST, tensor, _SUM, src, _RING, None, async_op)
 
+    @observe.traced("reduce")
     def reduce(self, tensor, dst=0, op="sum", *, async_op=False):
         """Reduces ``tensor`` over ranks into ``tensor`` on rank ``dst``; others keep theirs.
 
@@ -179,6 +184,7 @@ class Communicator(PointToPoint, CollectiveRouting):
                                     to_c_op(op), dst)
         return self._route(request, buf, buf, tensor, async_op)
 
+    @observe.traced("gather")
     def gather(self, output, input, dst=0, *, async_op=False):
         """Concatenates every rank's ``input`` into ``output`` on rank ``dst`` only.
 
@@ -204,6 +210,7 @@ class Communicator(PointToPoint, CollectiveRouting):
                                     inp.c_dtype, _SUM, dst)
         return self._route(request, inp, inp, output, async_op)
 
+    @observe.traced("scatter")
     def scatter(self, output, input, src=0, *, async_op=False):
         """Rank ``src`` splits ``input`` (world_size x output.numel()) and rank r gets block r.
 
@@ -243,6 +250,10 @@ class Communicator(PointToPoint, CollectiveRouting):
         arguments (a request object, a Buffer or one more call would each cost a tenth of such
         a call or more). Anything else, or what the hot path declines, is checked and routed
         as every collective is, its request built once."""
+        if (observe.tracing or _torch_profiler._is_profiler_enabled) and observe.wanted():
+            return observe.run("all_reduce" if collective == _ALL_REDUCE else "broadcast",
+                               Communicator.run_in_place, self, (collective, array, op, root,
+                                                                 algorithm, wire_dtype, async_op), {})
         if not (async_op or self.debug or self.check_finite):
             address = 0  # stays 0 unless `array` is plain CPU memory the ring can take as it is
             if isinstance(array, torch.Tensor):

@@ -59,6 +59,11 @@ class Links:
         self.transport = made[0].transport if len(made) == 1 else _C.RoutedTransport(
             rank, [None if m is None else m.transport for m in self._by_peer])
 
+    def kinds(self):
+        """The kind of link to each rank (None for this rank), by rank."""
+        names = {id(made): name for name, made in self._made.items()}
+        return [None if m is None else names[id(m)] for m in self._by_peer]
+
     def to(self, peer):
         self._by_peer[peer].to(peer)
 

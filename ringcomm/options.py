@@ -110,6 +110,10 @@ OPTIONS = (
            "direction); the slice of the network's level of a two-level all_reduce"),
     Option("socket_connections", "RINGCOMM_SOCKET_CONNECTIONS", _size, 2,
            "across hosts: TCP connections per peer and direction; messages take them in turn"),
+    Option("log", "RINGCOMM_LOG", str.upper, "",
+           "what the ``ringcomm`` logger prints to stderr: ``INFO`` a line per rank at set-up, "
+           "``TRACE`` also a line per call; empty: nothing (your own handlers still get "
+           "records); the process's first communicator sets it up"),
     Option("debug", "RINGCOMM_DEBUG", _flag("1", "DETAIL"), False,
            "on when the variable is 1 or DETAIL: exchange a descriptor of every collective "
            "first"),

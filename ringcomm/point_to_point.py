@@ -5,7 +5,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import _C, backends, checks
+from . import _C, backends, checks, observe
 from .buffers import as_buffer
 
 _ENVELOPE_TAG = (1 << 30) + 0xE1  # the debug envelopes' tag on the CPU links
@@ -25,6 +25,7 @@ class PointToPoint:
     """send, recv and all_to_all; mixed into :class:`ringcomm.Communicator`, whose ring, lock,
     rendezvous and options they use."""
 
+    @observe.traced("send")
     def send(self, tensor, dst, tag=0):
         """Sends ``tensor`` to rank ``dst``; returns once it is handed over (it may not have been
         received yet). Messages between two ranks are matched in order: the receiving rank's
@@ -62,6 +63,7 @@ class PointToPoint:
         comm.send(buf.address, buf.numel, buf.c_dtype, dst, int(tag))
         return tensor
 
+    @observe.traced("recv")
     def recv(self, tensor, src, tag=0):
         """Receives into ``tensor`` the next message rank ``src`` sent this rank (see :meth:`send`)."""
         buf = checks.writable(tensor, "tensor")
@@ -77,6 +79,7 @@ class PointToPoint:
         comm.recv(buf.address, buf.numel, buf.c_dtype, src, int(tag))
         return tensor
 
+    @observe.traced("recv_any")
     def recv_any(self, tensor, tag=0):
         """Receives into ``tensor`` the next message any rank sent this rank with ``tag``, and
         returns the sender's rank (``torch.distributed.recv`` without ``src``). Ranks are looked
@@ -112,6 +115,7 @@ class PointToPoint:
 
     _any_source_start = 0  # the rank a receive from any source looks at first
 
+    @observe.traced("batch_isend_irecv")
     def batch_isend_irecv(self, ops):
         """Runs sends and receives, to and from any ranks, as one unit: ``ops`` is a list of
         :class:`ringcomm.P2POp` (or ``(op, tensor, peer[, tag])`` tuples), all on one device.
@@ -161,6 +165,7 @@ class PointToPoint:
             return
         self._batch_links(entries).send_recv_batch(fields)
 
+    @observe.traced("all_to_all")
     def all_to_all(self, output, input, output_split_sizes=None, input_split_sizes=None):
         """Rank r sends block p of ``input`` to rank p and receives block r of every rank's input
         into ``output``, blocks in rank order (``torch.distributed.all_to_all_single``). Split sizes

@@ -19,7 +19,7 @@ import inspect
 import torch
 import torch.distributed as dist
 
-from . import _C
+from . import _C, observe
 from .communicator import Communicator
 from .ops import to_c_op
 from .rendezvous import Rendezvous
@@ -114,6 +114,7 @@ class ProcessGroupRingcomm(TorchPointToPoint, dist.ProcessGroup):
 
     # -- collectives ---------------------------------------------------------------------------
 
+    @observe.traced("all_reduce")
     def allreduce(self, tensors, opts=None):
         # The hot path (a contiguous CPU tensor of a supported dtype) goes straight into the
         # C++ ring, unless the communicator's options ask for more; the rest takes the checked
@@ -134,6 +135,7 @@ class ProcessGroupRingcomm(TorchPointToPoint, dist.ProcessGroup):
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
 
+    @observe.traced("broadcast")
     def broadcast(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
         comm = self.communicator
@@ -148,6 +150,7 @@ class ProcessGroupRingcomm(TorchPointToPoint, dist.ProcessGroup):
 
         return self._collective(opts, tensors, body)
 
+    @observe.traced("reduce")
     def reduce(self, tensors, opts):
         op = _op(opts, "reduce")
 
@@ -158,6 +161,7 @@ class ProcessGroupRingcomm(TorchPointToPoint, dist.ProcessGroup):
 
         return self._collective(opts, tensors, body)
 
+    @observe.traced("all_gather")
     def all_gather_single(self, output, input, opts=None):
         def body():
             with Contiguous(output) as out:
@@ -167,6 +171,7 @@ class ProcessGroupRingcomm(TorchPointToPoint, dist.ProcessGroup):
 
     _allgather_base = all_gather_single
 
+    @observe.traced("all_gather")
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         def body():
             for output, input in zip(outputs, inputs, strict=True):
@@ -177,6 +182,7 @@ class ProcessGroupRingcomm(TorchPointToPoint, dist.ProcessGroup):
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
+    @observe.traced("all_gather")
     def allgather(self, output_lists, inputs, opts=None):
         for outputs, input in zip(output_lists, inputs, strict=True):
             self._check_list(outputs, input, "all_gather", "output_tensor_list")
@@ -189,6 +195,7 @@ class ProcessGroupRingcomm(TorchPointToPoint, dist.ProcessGroup):
 
         return self._collective(opts, inputs, body, output_lists)
 
+    @observe.traced("all_gather")
     def allgather_coalesced(self, output_lists, inputs, opts=None):
         def body():
             flat_in = concatenated(inputs)
@@ -200,6 +207,7 @@ class ProcessGroupRingcomm(TorchPointToPoint, dist.ProcessGroup):
 
         return self._collective(opts, inputs, body, output_lists)
 
+    @observe.traced("reduce_scatter")
     def reduce_scatter_single(self, output, input, opts=None):
         op = _op(opts, "reduce_scatter")
 
@@ -211,6 +219,7 @@ class ProcessGroupRingcomm(TorchPointToPoint, dist.ProcessGroup):
 
     _reduce_scatter_base = reduce_scatter_single
 
+    @observe.traced("reduce_scatter")
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         op = _op(opts, "reduce_scatter")
 
@@ -223,6 +232,7 @@ class ProcessGroupRingcomm(TorchPointToPoint, dist.ProcessGroup):
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
+    @observe.traced("reduce_scatter")
     def reduce_scatter(self, outputs, input_lists, opts=None):
         op = _op(opts, "reduce_scatter")
         for output, inputs in zip(outputs, input_lists, strict=True):
@@ -235,6 +245,7 @@ class ProcessGroupRingcomm(TorchPointToPoint, dist.ProcessGroup):
 
         return self._collective(opts, outputs, body)
 
+    @observe.traced("gather")
     def gather(self, output_lists, inputs, opts):
         (input,) = inputs
         root = opts.rootRank
@@ -251,6 +262,7 @@ class ProcessGroupRingcomm(TorchPointToPoint, dist.ProcessGroup):
 
         return self._collective(opts, inputs, body, output_lists)
 
+    @observe.traced("scatter")
     def scatter(self, outputs, input_lists, opts):
         (output,) = outputs
         root = opts.rootRank
@@ -264,6 +276,7 @@ class ProcessGroupRingcomm(TorchPointToPoint, dist.ProcessGroup):
 
         return self._collective(opts, outputs, body)
 
+    @observe.traced("barrier")
     def barrier(self, opts=None):
         # A barrier is an allreduce of nothing: every rank's first message needs every rank.
         token = torch.zeros(1, dtype=torch.int8)

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.distributed as dist
 
-from . import backends, waiting
+from . import backends, observe, waiting
 from .point_to_point import P2POp
 from .torch_tensors import Contiguous, concatenated, unflatten_into
 from .torch_work import FutureWork, finish
@@ -89,6 +89,7 @@ class TorchPointToPoint:
     # each other (at their first exchange, which connects, and for large messages). Exchange
     # with dist.batch_isend_irecv: its sends and receives go out as one NCCL group.
 
+    @observe.traced("send")
     def send(self, tensors, dst, tag):
         (tensor,) = tensors
         if _on_ring(tensor):
@@ -96,6 +97,7 @@ class TorchPointToPoint:
         return self._p2p("send", lambda: self.communicator.send(tensor.contiguous(), dst, tag),
                          tensors)
 
+    @observe.traced("recv")
     def recv(self, tensors, src, tag):
         (tensor,) = tensors
         if _on_ring(tensor):
@@ -107,6 +109,7 @@ class TorchPointToPoint:
 
         return self._p2p("recv", receive, tensors)
 
+    @observe.traced("recv_any")
     def recv_anysource(self, tensors, tag):
         (tensor,) = tensors
         if _on_ring(tensor):  # as NCCL's backend: its messages carry no sender to match on
@@ -120,6 +123,7 @@ class TorchPointToPoint:
 
         return self._p2p("recv", receive, tensors, source)
 
+    @observe.traced("all_to_all")
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         self._drain_p2p()  # all-to-all shares the point-to-point links: keep their order
         with Contiguous(output) as out:
@@ -129,6 +133,7 @@ class TorchPointToPoint:
 
     alltoall_base = all_to_all_single
 
+    @observe.traced("all_to_all")
     def alltoall(self, outputs, inputs, opts=None):
         self._drain_p2p()
         flat_in = concatenated(inputs)

@@ -15,11 +15,13 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import emulated_hosts  # noqa: E402
 from emulated_hosts import EmulatedHosts  # noqa: E402
+from subprocesses import checkout_env  # noqa: E402
 
 OK, WHY = emulated_hosts.available()
 pytestmark = pytest.mark.skipif(not OK, reason=WHY)
 JOB = str(ROOT / "tests" / "multihost_job.py")
-ENV = {"PYTHONPATH": str(ROOT)}
+# The ringcomm this test imports (installed, or this checkout built in place), for the ranks.
+ENV = {"PYTHONPATH": checkout_env()["PYTHONPATH"]}
 
 
 def results(outputs):
