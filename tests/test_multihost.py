@@ -101,7 +101,8 @@ def failure_run(cause):
     found = [json.loads(line.split(" ", 1)[1]) for line in host0[1].splitlines()
              if line.startswith("RESULT ")]
     exited = host0[2].count("exiting")  # lines the survivors wrote once closed (multihost_job)
-    return found, exited, struck["at"], timeout, leftovers, emulated_hosts.format_outputs(outputs)
+    return (found, exited, struck.get("at"), timeout, leftovers,
+            emulated_hosts.format_outputs(outputs))
 
 
 @pytest.mark.parametrize("cause", ["kill_host", "link_down"])
