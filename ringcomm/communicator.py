@@ -251,9 +251,9 @@ class Communicator(PointToPoint, CollectiveRouting):
         a call or more). Anything else, or what the hot path declines, is checked and routed
         as every collective is, its request built once."""
         if (observe.tracing or _torch_profiler._is_profiler_enabled) and observe.wanted():
-            return observe.run("all_reduce" if collective == _ALL_REDUCE else "broadcast",
-                               Communicator.run_in_place, self, (collective, array, op, root,
-                                                                 algorithm, wire_dtype, async_op), {})
+            name = "all_reduce" if collective == _ALL_REDUCE else "broadcast"
+            arguments = (collective, array, op, root, algorithm, wire_dtype, async_op)
+            return observe.run(name, Communicator.run_in_place, self, arguments, {})
         if not (async_op or self.debug or self.check_finite):
             address = 0  # stays 0 unless `array` is plain CPU memory the ring can take as it is
             if isinstance(array, torch.Tensor):

@@ -18,6 +18,7 @@ import inspect
 
 import torch
 import torch.distributed as dist
+from torch.autograd import profiler as _torch_profiler
 
 from . import _C, observe
 from .communicator import Communicator
@@ -114,11 +115,13 @@ class ProcessGroupRingcomm(TorchPointToPoint, dist.ProcessGroup):
 
     # -- collectives ---------------------------------------------------------------------------
 
-    @observe.traced("all_reduce")
     def allreduce(self, tensors, opts=None):
         # The hot path (a contiguous CPU tensor of a supported dtype) goes straight into the
         # C++ ring, unless the communicator's options ask for more; the rest takes the checked
-        # route (Communicator.run_in_place).
+        # route (Communicator.run_in_place). Observed as observe.traced would, inline.
+        if (observe.tracing or _torch_profiler._is_profiler_enabled) and observe.wanted():
+            return observe.run("all_reduce", ProcessGroupRingcomm.allreduce, self,
+                               (tensors, opts), {})
         op = _op(opts, "all_reduce")
         comm, algorithm = self.communicator, self._all_reduce_algorithm
 
@@ -135,8 +138,10 @@ class ProcessGroupRingcomm(TorchPointToPoint, dist.ProcessGroup):
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
 
-    @observe.traced("broadcast")
     def broadcast(self, tensors, opts=None):
+        if (observe.tracing or _torch_profiler._is_profiler_enabled) and observe.wanted():
+            return observe.run("broadcast", ProcessGroupRingcomm.broadcast, self,
+                               (tensors, opts), {})
         root = opts.rootRank if opts is not None else 0
         comm = self.communicator
 
