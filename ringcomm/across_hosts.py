@@ -37,5 +37,7 @@ def _ring(rendezvous, options, hosts, make=_C.Communicator):
     ring = Links(rendezvous, options, hosts, "ring")
     ring.to((rank + 1) % size)  # never waits; then wait for the neighbour before to make its own
     ring.from_((rank - 1) % size)
-    return make(rank, size, ring.transport, _C.CpuReducer(), options.slice_bytes or ring.slot_bytes,
+    comm = make(rank, size, ring.transport, _C.CpuReducer(), options.slice_bytes or ring.slot_bytes,
                 thresholds=options.thresholds())
+    comm.set_trace_buffer(options.trace_buffer)
+    return comm

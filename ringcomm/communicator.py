@@ -312,6 +312,16 @@ class Communicator(PointToPoint, CollectiveRouting):
                 total = total + from_traffic(comm.traffic(), self._stats_base.get(key, 0))
         return total
 
+    def flight_record(self):
+        """This rank's last calls, oldest first, per backend: dicts with ``backend``, ``call``
+        (their order), ``name``, ``sequence`` (a collective's number: ranks' records line up
+        by it), ``state`` (running, completed, failed), ``step`` and ``steps`` (the plan step
+        reached), ``started``/``ended`` (Unix seconds) and ``failure``. ``trace_buffer`` calls
+        are kept; readable at any time, also after a failure."""
+        return [dict(entry, backend=f"{device}" + (f":{index}" if index >= 0 else ""))
+                for (device, index), comm in list(self._backends.items())
+                for entry in comm.flight_record()]
+
     def reset_stats(self):
         """Starts the counts of :meth:`stats` again from zero."""
         self._queue.wait_for_queued(self.abort)

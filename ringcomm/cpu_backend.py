@@ -35,9 +35,11 @@ def shared_memory_ring(rendezvous, options):
             # nobody will: after this, /dev/shm holds nothing of ours, whatever happens to any
             # process.
             transport.unlink_names()
-    return _C.Communicator(rank, size, transport, _C.CpuReducer(),
+    comm = _C.Communicator(rank, size, transport, _C.CpuReducer(),
                            options.slice_bytes or options.slot_bytes,
                            thresholds=options.thresholds())
+    comm.set_trace_buffer(options.trace_buffer)
+    return comm
 
 
 backends.register(backends.Backend(

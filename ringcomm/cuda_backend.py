@@ -93,6 +93,7 @@ def create(rendezvous, device_index, options, ordinal=0):
     comm = _C.Communicator(rendezvous.rank, rendezvous.world_size, ring.transport, ring.reducer,
                            arguments["slice_bytes"])
     comm.set_peer_links(ring.transport)  # sends whole messages from and into user buffers
+    comm.set_trace_buffer(options.trace_buffer)
     ring.release()  # the communicator owns them now: its close() frees the GPU resources
     return comm
 

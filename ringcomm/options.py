@@ -110,6 +110,9 @@ OPTIONS = (
            "direction); the slice of the network's level of a two-level all_reduce"),
     Option("socket_connections", "RINGCOMM_SOCKET_CONNECTIONS", _size, 2,
            "across hosts: TCP connections per peer and direction; messages take them in turn"),
+    Option("trace_buffer", "RINGCOMM_TRACE_BUFFER", int, 256,
+           "calls each communicator keeps in its flight record (``flight_record()``; an error "
+           "ends with the last few); 0: none"),
     Option("log", "RINGCOMM_LOG", str.upper, "",
            "what the ``ringcomm`` logger prints to stderr: ``INFO`` a line per rank at set-up, "
            "``TRACE`` also a line per call; empty: nothing (your own handlers still get "

@@ -28,6 +28,9 @@ class _FakeCudaC:
         def set_peer_links(self, links):  # the communicator's, here the transport itself
             self["peer_links_are_the_ring"] = links is self
 
+        def set_trace_buffer(self, calls):
+            self["trace_buffer"] = calls
+
     class CudaTransportAndReducer:
         def __init__(self, rank, world_size, device, unique_id, **options):
             self.transport = _FakeCudaC._Transport({"rank": rank, "world_size": world_size, "device": device,

@@ -60,20 +60,27 @@ void Communicator::collective(uintptr_t stream, const CallName& call,
 
 void Communicator::bracket(Transport& transport, uintptr_t stream, const CallName& call,
                            const std::function<void()>& body) {
+  FlightRecorder::Entry* entry = current_ = recorder_.begin(call);
+  // A failure ends the entry and names this rank's last calls (the flight record).
+  auto fail = [&](const Error& e, bool refused) {
+    FlightRecorder::end(entry, false, e.what());
+    if (!refused) failed(e.what());
+    if (recorder_.capacity() == 0) throw;
+    rethrowWithMessage(e, e.what() + ("\nthis rank's last calls:" + recorder_.recent(4)));
+  };
   try {
     transport.begin(stream, call);
-  } catch (const RefusedError&) {
-    throw;  // begin() refused before starting anything: the communicator stays usable
+  } catch (const RefusedError& e) {
+    fail(e, true);  // begin() refused before starting anything: the communicator stays usable
   } catch (const Error& e) {
-    failed(e.what());
-    throw;
+    fail(e, false);
   }
   try {
     body();
     transport.end();
+    FlightRecorder::end(entry, true);
   } catch (const Error& e) {
-    failed(e.what());
-    throw;
+    fail(e, false);
   }
 }
 
@@ -85,6 +92,7 @@ void Communicator::execute(const PlannedCollective& c) {
                        c.spec, true);
     return;
   }
+  FlightRecorder::plan(c.progress, c.plan.steps.size());
   Executor(*transport_, *reducer_, options_.sliceBytes).run(c);
 }
 
@@ -217,6 +225,7 @@ void Communicator::run(const CollectiveRequest& r) {
   collective(r.stream, call, [&] {
     if (copy.bytes > 0 && copy.to != copy.from)
       reducer_->copy(copy.to, nullptr, copy.from, copy.bytes);
+    c.progress = current_;  // the executor marks its steps in this call's record
     execute(c);
   });
 }

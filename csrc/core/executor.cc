@@ -64,6 +64,7 @@ void Executor::run(const PlannedCollective& c) {
     Range slice = sliceOf(step.range, column, sliceElems);
     envelope.bytes = slice.count * wireSize;
     envelope.offset = slice.offset;
+    FlightRecorder::step(c.progress, i);
     try {
       if (oneHop)
         runOneHopStep(c, step, column, sliceElems, envelope,

@@ -67,6 +67,21 @@ void bindCollectives(ClassOfComm& comm) {
 void bindPointToPoint(ClassOfComm& comm) {
   auto release = py::call_guard<py::gil_scoped_release>();
   comm.def("set_peer_links", &Comm::setPeerLinks, py::arg("links"))
+      .def("set_trace_buffer", &Comm::setTraceBuffer, py::arg("calls"))
+      .def("flight_record", [](const Comm& c) {
+             py::list out;
+             const char* states[] = {"running", "completed", "failed"};
+             for (const CallRecord& r : c.flightRecord()) {
+               py::dict d;
+               d["call"] = r.id, d["name"] = r.name;
+               d["sequence"] = r.numbered ? py::cast(r.sequence) : py::none();
+               d["state"] = states[static_cast<int>(r.state)];
+               d["step"] = r.step, d["steps"] = r.steps;
+               d["started"] = r.started, d["ended"] = r.ended, d["failure"] = r.failure;
+               out.append(d);
+             }
+             return out;
+           }, "The last calls, oldest first (set_trace_buffer keeps how many)")
       .def("set_levels", &Comm::setLevels, py::arg("local"), py::arg("cross"),
            py::arg("host_ranks"))
       .def(

@@ -15,6 +15,7 @@
 
 #include "ringcomm/algorithms.h"
 #include "ringcomm/executor.h"
+#include "ringcomm/flight_recorder.h"
 #include "ringcomm/reducer.h"
 #include "ringcomm/schedule.h"
 #include "ringcomm/transport.h"
@@ -122,6 +123,11 @@ class Communicator {
   void setLevels(std::shared_ptr<Communicator> local, std::shared_ptr<Communicator> cross,
                  std::vector<std::vector<int>> hostRanks);
 
+  // Keeps the last `calls` calls (flight_recorder.h; 0: none): flightRecord() returns them, and
+  // an error a call raises ends with the last few.
+  void setTraceBuffer(size_t calls) { recorder_.resize(calls); }
+  std::vector<CallRecord> flightRecord() const { return recorder_.snapshot(); }
+
   void setSliceBytes(size_t bytes);
   size_t sliceBytes() const { return options_.sliceBytes; }
   // Makes every wait of this communicator, on any thread, and every peer's fail promptly (peers
@@ -197,6 +203,8 @@ class Communicator {
   std::shared_ptr<Transport> links_;
   Level local_{nullptr, {}, "inside this host"}, cross_{nullptr, {}, "between hosts"};
   std::vector<std::vector<int>> hostRanks_;
+  FlightRecorder recorder_;
+  FlightRecorder::Entry* current_ = nullptr;  // the running call's entry (the data thread's)
   std::vector<char> scratch_;  // two-level reduce_scatter and all_gather's blocks, kept
 
   std::vector<uint64_t> sent_, received_;  // messages per peer: their envelopes' sequence

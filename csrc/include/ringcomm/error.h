@@ -44,15 +44,19 @@ class InterruptedError : public Error {
   using Error::Error;
 };
 
-// Rethrows `e` as the same kind of error with `prefix` in front of its message.
-[[noreturn]] inline void rethrowWithPrefix(const Error& e, const std::string& prefix) {
-  const std::string message = prefix + e.what();
+// Rethrows `e` as the same kind of error with `message` as its message.
+[[noreturn]] inline void rethrowWithMessage(const Error& e, const std::string& message) {
   if (dynamic_cast<const TimeoutError*>(&e)) throw TimeoutError(message);
   if (dynamic_cast<const MismatchError*>(&e)) throw MismatchError(message);
   if (dynamic_cast<const PeerError*>(&e)) throw PeerError(message);
   if (dynamic_cast<const RefusedError*>(&e)) throw RefusedError(message);
   if (dynamic_cast<const InterruptedError*>(&e)) throw InterruptedError(message);
   throw Error(message);
+}
+
+// Rethrows `e` as the same kind of error with `prefix` in front of its message.
+[[noreturn]] inline void rethrowWithPrefix(const Error& e, const std::string& prefix) {
+  rethrowWithMessage(e, prefix + e.what());
 }
 
 namespace detail {

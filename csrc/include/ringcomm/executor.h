@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "ringcomm/flight_recorder.h"
 #include "ringcomm/reducer.h"
 #include "ringcomm/schedule.h"
 #include "ringcomm/transport.h"
@@ -26,6 +27,7 @@ struct PlannedCollective {
   uint64_t sequence = 0;
   BufferView input;   // read by steps that send or reduce from the buffer
   BufferView output;  // written by steps that store
+  FlightRecorder::Entry* progress = nullptr;  // where the executor marks the step it reached
 };
 
 class Executor {
