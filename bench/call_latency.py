@@ -6,7 +6,10 @@ group). At this size the ring moves a few bytes, so the time is the call's own p
     python bench/call_latency.py --nproc 1 --blocks 200   # one rank: the Python path alone
     python bench/call_latency.py --json r.json            # also write the medians
 
-Spawns --nproc local ranks. The two paths run in alternating blocks of --calls calls, so that
+A third path is the Communicator with its flight record off (``trace_buffer=0``): the
+record's cost per call is the first path's time over it.
+
+Spawns --nproc local ranks. The paths run in alternating blocks of --calls calls, so that
 machine noise hits them alike; each block's mean per call is one sample, and rank 0 prints the
 median and quartiles of the samples of each path.
 """
@@ -54,10 +57,12 @@ def _rank(rank, world_size, init_file, args, results):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world_size)
     comm = ringcomm.Communicator(timeout=120)
+    unrecorded = ringcomm.Communicator(timeout=120, trace_buffer=0)
     group = dist.new_group(backend="ringcomm")
     t = torch.ones(max(1, args.bytes // 4))
     paths = {"Communicator.all_reduce": lambda: comm.all_reduce(t),
-             "dist.all_reduce (ringcomm group)": lambda: dist.all_reduce(t, group=group)}
+             "dist.all_reduce (ringcomm group)": lambda: dist.all_reduce(t, group=group),
+             "Communicator, trace_buffer=0": lambda: unrecorded.all_reduce(t)}
     for call in paths.values():
         for _ in range(args.warmup):
             call()
@@ -67,6 +72,7 @@ def _rank(rank, world_size, init_file, args, results):
             samples[name].append(_block(call, args.calls))
     dist.barrier()
     comm.close()
+    unrecorded.close()
     dist.destroy_process_group()
     if rank == 0:
         results.update({name: statistics.quantiles(s, n=4) for name, s in samples.items()})
@@ -83,6 +89,8 @@ def main(argv=None):
           f"{args.blocks} blocks of {args.calls} calls: median [quartiles]")
     for name, (low, median, high) in results.items():
         print(f"{name:34s} {median:8.2f}  [{low:.2f}, {high:.2f}]")
+    on, off = results["Communicator.all_reduce"][1], results["Communicator, trace_buffer=0"][1]
+    print(f"flight record's cost: {100 * (on / off - 1):+.1f}% per call")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({name: q[1] for name, q in results.items()}, f, indent=1)

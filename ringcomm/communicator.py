@@ -5,7 +5,7 @@ import numpy as np
 import torch
 from torch.autograd import profiler as _torch_profiler
 
-from . import _C, backends, checks, observe
+from . import _C, backends, checks, flight_record, observe
 from .buffers import NUMPY_C_DTYPES, TORCH_C_DTYPES, as_buffer, as_c_dtype
 from .in_order_queue import InOrderQueue, on_worker
 from .options import COLLECTIVES_WITH_ALGORITHM, CommOptions, algorithm_for
@@ -317,10 +317,18 @@ class Communicator(PointToPoint, CollectiveRouting):
         (their order), ``name``, ``sequence`` (a collective's number: ranks' records line up
         by it), ``state`` (running, completed, failed), ``step`` and ``steps`` (the plan step
         reached), ``started``/``ended`` (Unix seconds) and ``failure``. ``trace_buffer`` calls
-        are kept; readable at any time, also after a failure."""
+        are kept; readable at any time, also after a failure. Each also has ``dtype``,
+        ``count`` (elements per rank), ``op``, ``algorithm`` and ``peer`` (point-to-point's
+        other rank, a rooted collective's root), None where they do not apply."""
         return [dict(entry, backend=f"{device}" + (f":{index}" if index >= 0 else ""))
                 for (device, index), comm in list(self._backends.items())
                 for entry in comm.flight_record()]
+
+    def write_flight_record(self, directory=None):
+        """Writes :meth:`flight_record` as this rank's file in `directory` (default: the
+        ``trace_dir`` option), in the format :mod:`ringcomm.flight_record` gives and
+        ``python -m ringcomm.trace`` reads; returns its path."""
+        return flight_record.write(self, "asked", directory)
 
     def reset_stats(self):
         """Starts the counts of :meth:`stats` again from zero."""
@@ -350,6 +358,7 @@ class Communicator(PointToPoint, CollectiveRouting):
         """
         if self._aborted is None:
             self._aborted = why
+            flight_record.write(self, "aborted")
         # Without the lock: the thread running a collective holds it until the collective ends.
         for comm in list(self._backends.values()):
             comm.abort(why)
@@ -357,6 +366,8 @@ class Communicator(PointToPoint, CollectiveRouting):
     def close(self):
         """Releases shared memory, device resources and the worker thread; idempotent."""
         self._queue.close()  # finishes queued async work first
+        if not self._closed:
+            flight_record.write(self, "closed")
         with self._lock:
             self._closed, self._cpu = True, None
             if self._links is not None:  # before the ring goes: see shm_links

@@ -113,6 +113,10 @@ OPTIONS = (
     Option("trace_buffer", "RINGCOMM_TRACE_BUFFER", int, 256,
            "calls each communicator keeps in its flight record (``flight_record()``; an error "
            "ends with the last few); 0: none"),
+    Option("trace_dir", "RINGCOMM_TRACE_DIR", str, "",
+           "a directory where each rank writes its flight record, a JSON file, when a call "
+           "fails and when it closes (read them with ``python -m ringcomm.trace DIR``); "
+           "empty: none written"),
     Option("log", "RINGCOMM_LOG", str.upper, "",
            "what the ``ringcomm`` logger prints to stderr: ``INFO`` a line per rank at set-up, "
            "``TRACE`` also a line per call; empty: nothing (your own handlers still get "

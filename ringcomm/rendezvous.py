@@ -65,6 +65,7 @@ class Rendezvous:
         attempt = epochs.attempt()
         if number is None:
             number = next(_instances[name])
+        self.label = f"{name}.{number}"  # names this communicator on every rank
         self.store = dist.PrefixStore(f"ringcomm/{name}/{attempt}/{number}/", store)
         if world_size > 1:  # here, where every rank takes part, not at its first key
             what = f"ringcomm communicator {name} #{number} (attempt {attempt})"
@@ -77,6 +78,7 @@ class Rendezvous:
         sub = Rendezvous.__new__(Rendezvous)
         sub.rank, sub.world_size, sub.timeout = list(ranks).index(self.rank), len(ranks), self.timeout
         sub.store = dist.PrefixStore(f"{name}/", self.store)
+        sub.label = f"{self.label}/{name}"
         return sub
 
     def _wait(self, keys, what):

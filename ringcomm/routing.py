@@ -5,7 +5,7 @@ decision, runs the request now on the calling thread (on a device backend: on th
 stream there) or queues it on the worker thread behind asynchronous work."""
 import torch
 
-from . import _C, backends, observe, prechecks, waiting, work
+from . import _C, backends, flight_record, observe, prechecks, waiting, work
 from .in_order_queue import on_worker
 
 
@@ -101,6 +101,7 @@ class CollectiveRouting:
                 self._cpu = comm  # the hot path's ring (see try_run_now)
             self._backends[key] = comm
             observe.set_up(self, device, comm)
+            flight_record.watch(self, comm)
         return comm
 
 

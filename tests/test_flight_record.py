@@ -47,7 +47,8 @@ def mismatched(rank, n):
 def test_an_error_ends_with_the_last_calls_and_the_record_says_where_it_failed():
     for message, record in launch(2, mismatched):
         assert "this rank's last calls:" in message, message
-        assert "all_reduce #0 completed" in message and "all_reduce #1 failed" in message, message
+        assert "all_reduce #0 float32 x10 sum one_shot: completed" in message, message
+        assert "all_reduce #1 float32 x" in message and ": failed at step" in message, message
         assert [e["state"] for e in record] == ["completed", "failed"]
         assert "mismatch" in record[-1]["failure"]
 

@@ -524,3 +524,55 @@ def test_ctrl_c_ends_a_wait_for_a_stalled_peer():
                                       _C.DataType.float32, _C.RedOp.sum))
     for ring in rings:
         ring.release()
+
+
+# -- the flight record of device calls: they end when their events say so ------------------------
+
+def _recorded_on_device(comm):
+    core, count = _ring(comm), 4099
+    core.set_trace_buffer(8)
+    stream, buf = host_gpu.new_stream(), torch.ones(count)
+    core._comm.run(_C.CollectiveRequest(_C.Collective.all_reduce, buf.data_ptr(), 0, count,
+                                        _C.DataType.float32, _C.RedOp.sum, stream=stream))
+    at_return = core.flight_record()[-1]["state"]  # the GPU's work has only been queued
+    host_gpu.synchronize_stream(stream)
+    return at_return, _settled(core)[-1]
+
+
+def _settled(core):
+    """The flight record once no call is enqueued (the watchdog reads events every 50 ms)."""
+    deadline = time.monotonic() + 5
+    while any(e["state"] == "enqueued" for e in core.flight_record()):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    return core.flight_record()
+
+
+def test_a_device_call_is_enqueued_until_its_event_completes():
+    host_gpu.set_jitter(300)
+    with host_nccl_backend(slice_bytes=256, slots=2):
+        results = raise_first(run_ranks(2, _recorded_on_device))
+    for at_return, entry in results:
+        assert at_return == "enqueued", results
+        assert entry["state"] == "completed" and entry["ended"] >= entry["started"], entry
+        assert (entry["name"], entry["count"], entry["algorithm"]) == ("all_reduce", 4099, "ring")
+
+
+def test_a_device_call_past_the_timeout_is_recorded_as_failed():
+    def skipping(comm):
+        core = _ring(comm)
+        core.set_trace_buffer(4)
+        comm.all_reduce(torch.ones(4099))
+        if comm.rank == 0:
+            comm.all_reduce(torch.ones(4099))  # rank 1 skips it
+            with pytest.raises(_C.CommTimeoutError):
+                core.ring.synchronize()
+        return _settled(core)
+
+    with host_nccl_backend(slice_bytes=1024, slots=4, timeout=TIMEOUT):
+        results = raise_first(run_ranks(2, skipping, timeout=TIMEOUT))
+    assert [e["state"] for e in results[1]] == ["completed"], results
+    first, second = results[0]
+    assert first["state"] == "completed" and second["state"] == "failed", results
+    assert "all_reduce #1 did not finish within" in second["failure"], second

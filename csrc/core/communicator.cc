@@ -32,6 +32,12 @@ void Communicator::setSliceBytes(size_t bytes) {
   options_.sliceBytes = bytes;
 }
 
+void Communicator::setTraceBuffer(size_t calls) {
+  recorder_->resize(calls);
+  for (Transport* t : {transport_.get(), links_.get()})
+    if (t) t->reportCompletionTo(recorder_);
+}
+
 void Communicator::checkUsable() const {
   RC_CHECK(!closed_, "this ringcomm communicator is closed");
   if (aborted_.load(std::memory_order_relaxed)) {
@@ -58,15 +64,19 @@ void Communicator::collective(uintptr_t stream, const CallName& call,
   bracket(*transport_, stream, call, body);
 }
 
-void Communicator::bracket(Transport& transport, uintptr_t stream, const CallName& call,
+void Communicator::bracket(Transport& transport, uintptr_t stream, const CallName& name,
                            const std::function<void()>& body) {
-  FlightRecorder::Entry* entry = current_ = recorder_.begin(call);
-  // A failure ends the entry and names this rank's last calls (the flight record).
+  CallName call = name;
+  recorder_->name(call);
+  FlightRecorder::Entry* entry = current_ = recorder_->begin(call);
+  // A failure ends the entry, tells the failure hook (which may write the record out) and
+  // names this rank's last calls.
   auto fail = [&](const Error& e, bool refused) {
-    FlightRecorder::end(entry, false, e.what());
+    recorder_->end(entry, false, e.what());
     if (!refused) failed(e.what());
-    if (recorder_.capacity() == 0) throw;
-    rethrowWithMessage(e, e.what() + ("\nthis rank's last calls:" + recorder_.recent(4)));
+    reportFailure();
+    if (recorder_->capacity() == 0) throw;
+    rethrowWithMessage(e, e.what() + ("\nthis rank's last calls:" + recorder_->recent(4)));
   };
   try {
     transport.begin(stream, call);
@@ -78,9 +88,17 @@ void Communicator::bracket(Transport& transport, uintptr_t stream, const CallNam
   try {
     body();
     transport.end();
-    FlightRecorder::end(entry, true);
+    recorder_->end(entry, true, "", transport.completesOnDevice());
   } catch (const Error& e) {
     fail(e, false);
+  }
+}
+
+void Communicator::reportFailure() noexcept {
+  if (!onFailure_) return;
+  try {
+    onFailure_();
+  } catch (...) {  // a report must not hide the failure it reports
   }
 }
 
@@ -207,7 +225,7 @@ void Communicator::run(const CollectiveRequest& r) {
                      resolveAlgorithm(r.algorithm, r.collective, bytes)});
   const LocalCopy copy = mapBuffers(r, rank_, worldSize_, c);
   prepare(c, r.op, r.type, wireType, r.avgDivisor);
-  CallName call{collectiveName(r.collective), c.sequence, true};
+  CallName call = describe(r, c.sequence, algorithmName(c.plan.request.algorithm));
   // A ring plan's device work depends on the request alone: a device transport may record it
   // and replay it for the same request (the one-hop plans keep per-round host state).
   ReplayKey key{static_cast<int>(r.collective), static_cast<int>(r.type), static_cast<int>(r.op),
@@ -215,10 +233,15 @@ void Communicator::run(const CollectiveRequest& r) {
                 r.output, r.input, r.count};
   if (c.plan.request.algorithm == Algorithm::Ring && worldSize_ > 1) {
     call.replay = &key;
+    recorder_->name(call);  // a replay is recorded as it was launched
     try {
-      if (transport_->replay(r.stream, call)) return;
+      if (transport_->replay(r.stream, call)) {
+        recorder_->end(recorder_->begin(call), true, "", transport_->completesOnDevice());
+        return;
+      }
     } catch (const Error& e) {
       failed(e.what());
+      reportFailure();
       throw;
     }
   }
@@ -228,6 +251,16 @@ void Communicator::run(const CollectiveRequest& r) {
     c.progress = current_;  // the executor marks its steps in this call's record
     execute(c);
   });
+}
+
+CallName Communicator::describe(const CollectiveRequest& r, uint64_t sequence,
+                               const char* algorithm) const {
+  const CollectiveInfo& info = collectiveInfo(r.collective);
+  CallName call{info.name, sequence, true};
+  call.dtype = dataTypeName(r.type), call.count = r.count, call.algorithm = algorithm;
+  if (info.reduces) call.op = redOpName(r.op);
+  if (info.root != nullptr) call.peer = r.root;
+  return call;
 }
 
 void Communicator::failed(const std::string& why) {

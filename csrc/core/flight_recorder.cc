@@ -12,31 +12,51 @@ double now() {
       .count();
 }
 
-const char* stateName(CallState state) {
-  switch (state) {
-    case CallState::Started: return "running";
-    case CallState::Completed: return "completed";
-    default: return "failed";
-  }
+constexpr int32_t as_int(CallState state) { return static_cast<int32_t>(state); }
+
+void copyFailure(FlightRecorder::Entry& e, const std::string& failure) {
+  std::strncpy(e.failure, failure.c_str(), sizeof(e.failure) - 1);
+  e.failure[sizeof(e.failure) - 1] = '\0';
+}
+
+// A device's call ends once: from Enqueued only (a reused entry holds another call).
+void endOnDevice(FlightRecorder::Entry& e, CallState to, const std::string& failure = "") {
+  int32_t enqueued = as_int(CallState::Enqueued);
+  if (!e.state.compare_exchange_strong(enqueued, as_int(CallState::Running))) return;
+  if (to == CallState::Failed) copyFailure(e, failure);
+  e.ended.store(now(), std::memory_order_relaxed);
+  e.state.store(as_int(to), std::memory_order_release);
 }
 
 }  // namespace
 
+const char* callStateName(CallState state) {
+  switch (state) {
+    case CallState::Running: return "running";
+    case CallState::Completed: return "completed";
+    case CallState::Enqueued: return "enqueued";
+    default: return "failed";
+  }
+}
+
 void FlightRecorder::resize(size_t capacity) {
   entries_ = std::vector<Entry>(capacity);
-  calls_ = 0;
+  calls_ = 0, deviceDone_ = 0;
 }
 
 FlightRecorder::Entry* FlightRecorder::begin(const CallName& call) {
   if (entries_.empty()) return nullptr;
   const uint64_t id = calls_.load(std::memory_order_relaxed);
   Entry& e = entries_[id % entries_.size()];
-  e.state.store(static_cast<int32_t>(CallState::Started), std::memory_order_relaxed);
+  e.id.store(0, std::memory_order_relaxed);  // a snapshot skips it while it is rewritten
+  e.state.store(as_int(CallState::Running), std::memory_order_relaxed);
   e.name = call.name, e.sequence = call.sequence, e.numbered = call.numbered;
+  e.dtype = call.dtype, e.op = call.op, e.algorithm = call.algorithm;
+  e.count = call.count, e.peer = call.peer;
   e.step.store(-1, std::memory_order_relaxed);
   e.steps = 0, e.started = now(), e.failure[0] = '\0';
   e.ended.store(0, std::memory_order_relaxed);
-  e.id.store(id + 1, std::memory_order_release);  // 0: never written
+  e.id.store(id + 1, std::memory_order_release);
   calls_.store(id + 1, std::memory_order_release);
   return &e;
 }
@@ -49,15 +69,38 @@ void FlightRecorder::step(Entry* entry, size_t index) {
   if (entry) entry->step.store(static_cast<int32_t>(index), std::memory_order_relaxed);
 }
 
-void FlightRecorder::end(Entry* entry, bool ok, const std::string& failure) {
+void FlightRecorder::end(Entry* entry, bool ok, const std::string& failure, bool onDevice) {
   if (!entry) return;
-  if (!ok) {
-    std::strncpy(entry->failure, failure.c_str(), sizeof(entry->failure) - 1);
-    entry->failure[sizeof(entry->failure) - 1] = '\0';
+  if (!ok) copyFailure(*entry, failure);
+  if (ok && onDevice) {
+    // deviceDone may have run already: it moves the mark first, then completes what it finds.
+    entry->state.store(as_int(CallState::Enqueued));
+    if (entry->id.load(std::memory_order_relaxed) <= deviceDone_.load())
+      endOnDevice(*entry, CallState::Completed);
+    return;
   }
   entry->ended.store(now(), std::memory_order_relaxed);
-  entry->state.store(static_cast<int32_t>(ok ? CallState::Completed : CallState::Failed),
+  entry->state.store(as_int(ok ? CallState::Completed : CallState::Failed),
                      std::memory_order_release);
+}
+
+void FlightRecorder::deviceDone(uint64_t record) {
+  uint64_t done = deviceDone_.load();
+  while (done < record + 1 && !deviceDone_.compare_exchange_weak(done, record + 1)) {
+  }
+  if (done >= record + 1 || entries_.empty()) return;
+  const uint64_t first = record + 1 - done > entries_.size() ? record + 1 - entries_.size() : done;
+  for (uint64_t id = first; id <= record; ++id) {
+    Entry& e = entries_[id % entries_.size()];
+    if (e.id.load(std::memory_order_acquire) == id + 1) endOnDevice(e, CallState::Completed);
+  }
+}
+
+void FlightRecorder::deviceFailed(uint64_t record, const std::string& failure) {
+  if (entries_.empty()) return;
+  Entry& e = entries_[record % entries_.size()];
+  if (e.id.load(std::memory_order_acquire) == record + 1)
+    endOnDevice(e, CallState::Failed, failure);
 }
 
 std::vector<CallRecord> FlightRecorder::snapshot() const {
@@ -69,6 +112,9 @@ std::vector<CallRecord> FlightRecorder::snapshot() const {
     if (e.id.load(std::memory_order_acquire) != id + 1) continue;  // overwritten meanwhile
     CallRecord r;
     r.id = id, r.name = e.name, r.sequence = e.sequence, r.numbered = e.numbered;
+    r.dtype = e.dtype ? e.dtype : "", r.op = e.op ? e.op : "";
+    r.algorithm = e.algorithm ? e.algorithm : "";
+    r.count = e.count, r.peer = e.peer;
     r.state = static_cast<CallState>(e.state.load(std::memory_order_acquire));
     r.step = e.step.load(std::memory_order_relaxed), r.steps = e.steps;
     r.started = e.started, r.ended = e.ended.load(std::memory_order_relaxed);
@@ -86,7 +132,11 @@ std::string FlightRecorder::recent(size_t count) const {
     const CallRecord& r = records[i];
     out << "\n  call " << r.id << ": " << r.name;
     if (r.numbered) out << " #" << r.sequence;
-    out << " " << stateName(r.state);
+    if (!r.dtype.empty()) out << " " << r.dtype << " x" << r.count;
+    if (!r.op.empty()) out << " " << r.op;
+    if (!r.algorithm.empty()) out << " " << r.algorithm;
+    if (r.peer >= 0) out << (r.numbered ? " root " : " peer ") << r.peer;
+    out << ": " << callStateName(r.state);
     if (r.steps > 0) out << " at step " << (r.step < 0 ? 0 : r.step) << " of " << r.steps;
   }
   return out.str();

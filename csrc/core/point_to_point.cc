@@ -16,6 +16,13 @@
 namespace ringcomm {
 namespace {
 
+// A point-to-point call as its flight record names it (peer -1: several).
+CallName pairCall(const char* name, DataType type, size_t count, int peer) {
+  CallName call{name};
+  call.dtype = dataTypeName(type), call.count = count, call.peer = peer;
+  return call;
+}
+
 // Elements per piece: slot-sized through staging links, the whole message on direct ones.
 size_t pieceElems(const Transport& links, size_t count, DataType type) {
   if (links.movesUserBuffers()) return std::max<size_t>(1, count);
@@ -56,6 +63,7 @@ void Communicator::setPeerLinks(std::shared_ptr<Transport> links) {
   RC_CHECK(links != nullptr, "setPeerLinks needs a transport");
   std::lock_guard<std::mutex> lock(abortMutex_);  // abort() may read links_ meanwhile
   links_ = std::move(links);
+  links_->reportCompletionTo(recorder_);
   sent_.assign(worldSize_, 0);
   received_.assign(worldSize_, 0);
 }
@@ -106,7 +114,7 @@ void Communicator::send(const void* data, size_t count, DataType type, int peer,
   Transport& links = peerLinks();
   PairMessage out{peer, static_cast<char*>(const_cast<void*>(data)), count, type,
                   Collective::SendRecv, tag, sent_[peer]++, pieceElems(links, count, type)};
-  overLinks(stream, CallName{"send"}, [&] { exchange(&out, nullptr); });
+  overLinks(stream, pairCall("send", type, count, peer), [&] { exchange(&out, nullptr); });
 }
 
 void Communicator::recv(void* data, size_t count, DataType type, int peer, int tag,
@@ -116,7 +124,7 @@ void Communicator::recv(void* data, size_t count, DataType type, int peer, int t
   Transport& links = peerLinks();
   PairMessage in{peer, static_cast<char*>(data), count, type, Collective::SendRecv, tag,
                  received_[peer]++, pieceElems(links, count, type)};
-  overLinks(stream, CallName{"recv"}, [&] { exchange(nullptr, &in); });
+  overLinks(stream, pairCall("recv", type, count, peer), [&] { exchange(nullptr, &in); });
 }
 
 namespace {
@@ -177,7 +185,9 @@ void Communicator::sendRecvBatch(const std::vector<PointToPointOp>& ops, uintptr
                                    Collective::SendRecv, op.tag, sequence++,
                                    pieceElems(links, op.count, op.type)});
   }
-  overLinks(stream, CallName{"batch_isend_irecv"}, [&] {
+  CallName batch{"batch_isend_irecv"};
+  batch.count = ops.size();  // operations
+  overLinks(stream, batch, [&] {
     if (!links.movesUserBuffers()) return exchangeBatch(links, ops, messages);
     std::vector<DirectMessage> direct;
     direct.reserve(ops.size());
@@ -259,13 +269,15 @@ void Communicator::allToAll(void* output, const void* input, const std::vector<s
       reducer_->copy(out + recvAt[rank_] * elem, nullptr, in + sendAt[rank_] * elem,
                      sendCounts[rank_] * elem);
   };
+  size_t sent = 0;  // elements, for the flight record
+  for (size_t c : sendCounts) sent += c;
   if (n == 1) {
     checkUsable();
-    collective(stream, CallName{"all_to_all"}, copyOwnBlock);  // the ring's transport: no links
+    collective(stream, pairCall("all_to_all", type, sent, -1), copyOwnBlock);  // no links
     return;
   }
   Transport& links = peerLinks();
-  overLinks(stream, CallName{"all_to_all"}, [&] {
+  overLinks(stream, pairCall("all_to_all", type, sent, -1), [&] {
     copyOwnBlock();
     // Step k: send to rank + k while receiving from rank - k, so every rank is busy with one
     // sender and one receiver at a time.

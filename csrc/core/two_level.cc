@@ -123,7 +123,7 @@ void Communicator::allReduceInTwoLevels(const CollectiveRequest& r) {
     part.count = p.shard, part.op = RedOp::Sum, part.wireType.reset();
     runInLevel(local_, part);
   };
-  CallName call{"all_reduce", sequence_++, true};
+  const CallName call = describe(r, sequence_++, "two_level");
   collective(r.stream, call, [&] {
     if (pieces.size() == 1) {
       reduceScatter(pieces[0]), acrossHosts(pieces[0]), allGather(pieces[0]);
@@ -167,7 +167,7 @@ Communicator::GroupedBlocks Communicator::groupedBlocks(const CollectiveRequest&
 // own block). Each host sends (H-1)/H of the data between hosts.
 void Communicator::reduceScatterInTwoLevels(const CollectiveRequest& r) {
   const GroupedBlocks g = groupedBlocks(r);
-  CallName call{"reduce_scatter", sequence_++, true};
+  const CallName call = describe(r, sequence_++, "two_level");
   collective(r.stream, call, [&] {
     reorderBlocks(g.groups, static_cast<const char*>(r.input), g.block, true);
     CollectiveRequest part = r;
@@ -185,7 +185,7 @@ void Communicator::reduceScatterInTwoLevels(const CollectiveRequest& r) {
 // group), then from group order into rank order.
 void Communicator::allGatherInTwoLevels(const CollectiveRequest& r) {
   const GroupedBlocks g = groupedBlocks(r);
-  CallName call{"all_gather", sequence_++, true};
+  const CallName call = describe(r, sequence_++, "two_level");
   collective(r.stream, call, [&] {
     CollectiveRequest part = r;
     part.algorithm = Algorithm::Auto;

@@ -287,6 +287,7 @@ bool NcclTransport::pollInflightLocked() {
                                  api_->describe(status)));
       return true;
     }
+    if (completions_) completions_->deviceDone(inflight_.front().call.record);
     inflight_.pop_front();
     // The next one could only start now: it gets the whole timeout from here.
     if (!inflight_.empty()) inflight_.front().since = Clock::now();
@@ -306,9 +307,12 @@ void NcclTransport::watch() {
     if (stopping_ || aborted_ || pollInflightLocked() || aborted_) continue;
     if (Clock::now() > inflight_.front().since + seconds(options_.timeoutSeconds)) {
       timedOut_ = true;
-      abortLocked(detail::concat(describe(inflight_.front().call), " did not finish within ",
-                                 options_.timeoutSeconds, " s", where(),
-                                 ": is every rank calling the same collectives?"));
+      const std::string why =
+          detail::concat(describe(inflight_.front().call), " did not finish within ",
+                         options_.timeoutSeconds, " s", where(),
+                         ": is every rank calling the same collectives?");
+      if (completions_) completions_->deviceFailed(inflight_.front().call.record, why);
+      abortLocked(why);
       continue;
     }
     ncclResult_t state = ncclSuccess;
@@ -339,8 +343,11 @@ void NcclTransport::synchronize(double timeoutSeconds) {
       std::lock_guard<std::mutex> lock(mutex_);
       timedOut_ = true;
       const std::string call = inflight_.empty() ? "a collective" : describe(inflight_.front().call);
-      abortLocked(detail::concat(call, " did not finish within ", limit, " s", where(),
-                                 ": is every rank calling the same collectives?"));
+      const std::string why = detail::concat(call, " did not finish within ", limit, " s", where(),
+                                             ": is every rank calling the same collectives?");
+      if (completions_ && !inflight_.empty())
+        completions_->deviceFailed(inflight_.front().call.record, why);
+      abortLocked(why);
       throwAborted();
     }
     checkInterrupt(rounds, [] { return std::string("waiting for the collectives to finish"); });

@@ -42,7 +42,7 @@ bool NcclTransport::replay(uintptr_t stream, const CallName& call) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   RC_GPU(cudaStreamIsCapturing(caller, &status));
   if (status == cudaStreamCaptureStatusActive) return false;  // the caller's capture: run it
-  call_ = call;
+  call_ = call, watched_ = false;
   int previous = -1;
   RC_GPU(cudaGetDevice(&previous));
   if (previous != options_.device) RC_GPU(cudaSetDevice(options_.device));

@@ -29,7 +29,7 @@ bool overlaps(const void* a, size_t aBytes, const void* b, size_t bBytes) {
 
 void NcclTransport::begin(uintptr_t stream, const CallName& call) {
   checkUsable();
-  call_ = call;
+  call_ = call, watched_ = false;
   caller_ = reinterpret_cast<cudaStream_t>(stream);
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   RC_GPU(cudaStreamIsCapturing(caller_, &status));
@@ -356,6 +356,7 @@ void NcclTransport::end() {
 
 void NcclTransport::noteInflight(cudaStream_t after) {
   std::lock_guard<std::mutex> lock(mutex_);
+  watched_ = true;
   if (inflight_.size() < inflightEvents_.size()) {
     // Entries hold consecutive events of the ring, so the one after the newest is free.
     const int event = static_cast<int>(inflightRecorded_++ % inflightEvents_.size());
@@ -366,6 +367,11 @@ void NcclTransport::noteInflight(cudaStream_t after) {
     RC_GPU(cudaEventRecord(inflightEvents_[inflight_.back().event], after));
     inflight_.back().call = call_;
   }
+}
+
+void NcclTransport::reportCompletionTo(std::shared_ptr<FlightRecorder> recorder) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  completions_ = std::move(recorder);
 }
 
 }  // namespace ringcomm

@@ -31,6 +31,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -41,6 +42,7 @@
 #include "cuda/gpu_api.h"
 #include "cuda/group_queue.h"
 #include "cuda/publications.h"
+#include "ringcomm/flight_recorder.h"
 #include "ringcomm/transport.h"
 
 namespace ringcomm {
@@ -79,6 +81,9 @@ class NcclTransport : public Transport {
   void begin(uintptr_t stream, const CallName& call) override;
   void end() override;
   bool replay(uintptr_t stream, const CallName& call) override;
+  // The last call's work is watched on the GPU (not captured into the caller's graph).
+  bool completesOnDevice() const override { return watched_; }
+  void reportCompletionTo(std::shared_ptr<FlightRecorder> recorder) override;
 
   // Whether every collective enqueued outside graph capture has finished; raises on an NCCL
   // error or after the watchdog aborted. Captured collectives finish when their graph replays,
@@ -193,6 +198,8 @@ class NcclTransport : public Transport {
   std::vector<cudaEvent_t> inflightEvents_;
   std::deque<Inflight> inflight_;
   uint64_t inflightRecorded_ = 0;
+  bool watched_ = false;  // the last call was noted in inflight_
+  std::shared_ptr<FlightRecorder> completions_;  // told of each collective seen done
 
   // Shared with the watchdog thread. `mutex_` is held around every NCCL call (see the top).
   std::mutex mutex_;

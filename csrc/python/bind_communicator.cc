@@ -1,6 +1,7 @@
 // ringcomm._C.Communicator: the one communicator binding, CPU and CUDA alike. Every collective is
 // a CollectiveRequest for run() (its `stream`: the caller's cudaStream_t as an integer; ignored
 // on the CPU); point-to-point calls; what the transports moved (traffic).
+#include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -70,18 +71,26 @@ void bindPointToPoint(ClassOfComm& comm) {
       .def("set_trace_buffer", &Comm::setTraceBuffer, py::arg("calls"))
       .def("flight_record", [](const Comm& c) {
              py::list out;
-             const char* states[] = {"running", "completed", "failed"};
+             auto orNone = [](const std::string& s) -> py::object {
+               if (s.empty()) return py::none();
+               return py::str(s);
+             };
              for (const CallRecord& r : c.flightRecord()) {
                py::dict d;
                d["call"] = r.id, d["name"] = r.name;
                d["sequence"] = r.numbered ? py::cast(r.sequence) : py::none();
-               d["state"] = states[static_cast<int>(r.state)];
+               d["dtype"] = orNone(r.dtype), d["count"] = r.count, d["op"] = orNone(r.op);
+               d["algorithm"] = orNone(r.algorithm);
+               d["peer"] = r.peer >= 0 ? py::cast(r.peer) : py::none();
+               d["state"] = callStateName(r.state);
                d["step"] = r.step, d["steps"] = r.steps;
                d["started"] = r.started, d["ended"] = r.ended, d["failure"] = r.failure;
                out.append(d);
              }
              return out;
            }, "The last calls, oldest first (set_trace_buffer keeps how many)")
+      .def("set_failure_hook", &Comm::setFailureHook, py::arg("hook"),
+           "hook() runs on the failing thread once a call has failed and is recorded")
       .def("set_levels", &Comm::setLevels, py::arg("local"), py::arg("cross"),
            py::arg("host_ranks"))
       .def(

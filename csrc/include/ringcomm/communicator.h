@@ -125,8 +125,11 @@ class Communicator {
 
   // Keeps the last `calls` calls (flight_recorder.h; 0: none): flightRecord() returns them, and
   // an error a call raises ends with the last few.
-  void setTraceBuffer(size_t calls) { recorder_.resize(calls); }
-  std::vector<CallRecord> flightRecord() const { return recorder_.snapshot(); }
+  void setTraceBuffer(size_t calls);
+  std::vector<CallRecord> flightRecord() const { return recorder_->snapshot(); }
+  // Called on the failing thread once a call has failed and is recorded (to write the record
+  // out); what it raises is ignored.
+  void setFailureHook(std::function<void()> hook) { onFailure_ = std::move(hook); }
 
   void setSliceBytes(size_t bytes);
   size_t sliceBytes() const { return options_.sliceBytes; }
@@ -187,6 +190,10 @@ class Communicator {
   void exchangeBatch(Transport& links, const std::vector<PointToPointOp>& ops,
                      const std::vector<PairMessage>& messages);
   void failed(const std::string& why);  // records the failure, aborts every transport
+  void reportFailure() noexcept;  // runs the failure hook
+  // A collective request as its flight record names it.
+  CallName describe(const CollectiveRequest& request, uint64_t sequence,
+                    const char* algorithm) const;
 
   int rank_, worldSize_;
   std::shared_ptr<Transport> transport_;
@@ -203,8 +210,10 @@ class Communicator {
   std::shared_ptr<Transport> links_;
   Level local_{nullptr, {}, "inside this host"}, cross_{nullptr, {}, "between hosts"};
   std::vector<std::vector<int>> hostRanks_;
-  FlightRecorder recorder_;
+  // Shared with a device transport, which marks calls done from its own thread.
+  std::shared_ptr<FlightRecorder> recorder_ = std::make_shared<FlightRecorder>();
   FlightRecorder::Entry* current_ = nullptr;  // the running call's entry (the data thread's)
+  std::function<void()> onFailure_;
   std::vector<char> scratch_;  // two-level reduce_scatter and all_gather's blocks, kept
 
   std::vector<uint64_t> sent_, received_;  // messages per peer: their envelopes' sequence

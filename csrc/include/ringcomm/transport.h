@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -57,8 +58,6 @@ struct TrafficStats {
   TrafficStats& operator+=(const TrafficStats& other);
 };
 
-// What a bracketed call is, for messages: "all_reduce" and its sequence number ("all_reduce #3"),
-// or a point-to-point call's name ("send"). `name` is a string literal.
 // A collective a device transport may record once and replay (every field of its request but
 // the stream): the same key means the same device work on the same buffers.
 struct ReplayKey {
@@ -74,11 +73,24 @@ struct ReplayKey {
   }
 };
 
+class FlightRecorder;
+
+// What a bracketed call is, for messages: "all_reduce" and its sequence number ("all_reduce #3"),
+// or a point-to-point call's name ("send"). `name` is a string literal.
 struct CallName {
   const char* name = "a call";
   uint64_t sequence = 0;
   bool numbered = false;
   const ReplayKey* replay = nullptr;  // set when the collective may be recorded and replayed
+  // For the flight record (names are string literals; null: does not apply).
+  const char* dtype = nullptr;
+  size_t count = 0;  // elements per rank
+  const char* op = nullptr;  // reducing collectives
+  const char* algorithm = nullptr;
+  int peer = -1;  // point-to-point: the other rank; a rooted collective: its root
+  // The call's flight record entry (set by the communicator): a transport whose work completes
+  // on a device after end() reports it done by this number (FlightRecorder::deviceDone).
+  uint64_t record = 0;
 };
 
 // One message of a batch moved straight from or into the caller's buffer (sendRecvBatch).
@@ -129,6 +141,10 @@ class Transport {
   // that succeeded; after a failure the communicator calls abort() instead.
   virtual void begin(uintptr_t stream, const CallName& call) { (void)stream, (void)call; }
   virtual void end() {}
+  // Whether a call's work still runs (on a device) when end() returns: such a transport tells
+  // the recorder given here when it sees a call's work done (FlightRecorder::deviceDone).
+  virtual bool completesOnDevice() const { return false; }
+  virtual void reportCompletionTo(std::shared_ptr<FlightRecorder> recorder) { (void)recorder; }
   // Launches a recording of `call` (call.replay: what begin() may record) on `stream` instead of
   // running it, when the transport has one: true then, and the collective needs no executor.
   virtual bool replay(uintptr_t stream, const CallName& call) {

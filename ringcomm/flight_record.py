@@ -1,0 +1,92 @@
+"""Flight record files: where ``trace_dir`` is set, each rank writes its communicator's flight
+record (its last calls, :meth:`ringcomm.Communicator.flight_record`) to one JSON file when a
+call fails, when the communicator is aborted and when it closes, and ``python -m ringcomm.trace
+DIR`` reads every rank's file together.
+
+A file, ``<trace_dir>/ringcomm-<communicator>-rank<rank>.json``, holds one object::
+
+    {"format": "ringcomm-flight-record", "version": 1,
+     "communicator": "0.0",        # the same on every rank of one communicator
+     "rank": 1, "world_size": 4,   # in the communicator
+     "global_rank": 1,             # in torch.distributed's world, where it is initialised
+     "host": "node7", "pid": 4242, "written": 1733333333.2,  # Unix seconds
+     "reason": "failed" | "aborted" | "closed" | "asked",
+     "failure": "the first failure's message, or null",
+     "calls": [ ... flight_record()'s dicts, oldest first ... ]}
+
+The file is replaced each time (written beside, then renamed), so a reader never sees half of
+one.
+"""
+import json
+import os
+import socket
+import time
+import weakref
+
+import torch.distributed as dist
+
+FORMAT, VERSION = "ringcomm-flight-record", 1
+
+
+def path_for(directory, communicator, rank):
+    """The file rank `rank` of the communicator labelled `communicator` writes in `directory`."""
+    label = communicator.replace("/", "_")
+    return os.path.join(directory, f"ringcomm-{label}-rank{rank}.json")
+
+
+def watch(communicator, c_comm):
+    """Writes `communicator`'s record whenever its backend `c_comm` fails a call (on the failing
+    thread), where the communicator has a ``trace_dir``."""
+    if not communicator.options.trace_dir:
+        return
+    owner = weakref.ref(communicator)  # the C++ side must not keep the Communicator alive
+
+    def failed():
+        comm = owner()
+        if comm is not None:
+            write(comm, "failed")
+    c_comm.set_failure_hook(failed)
+
+
+def write(communicator, reason, directory=None):
+    """Writes `communicator`'s flight record file in `directory` (default: its ``trace_dir``);
+    returns the file's path, or None where there is no directory. The first failure's message
+    is kept through later writes."""
+    directory = directory or communicator.options.trace_dir
+    if not directory:
+        return None
+    calls = communicator.flight_record()
+    failures = [c["failure"] for c in calls if c["state"] == "failed"]
+    if failures and getattr(communicator, "_first_failure", None) is None:
+        communicator._first_failure = failures[0]
+    rendezvous = communicator._rendezvous
+    record = {
+        "format": FORMAT, "version": VERSION,
+        "communicator": rendezvous.label, "rank": communicator.rank,
+        "world_size": communicator.world_size,
+        "global_rank": dist.get_rank() if dist.is_available() and dist.is_initialized() else None,
+        "host": socket.gethostname(), "pid": os.getpid(), "written": time.time(),
+        "reason": reason, "failure": getattr(communicator, "_first_failure", None),
+        "calls": calls,
+    }
+    os.makedirs(directory, exist_ok=True)
+    path = path_for(directory, rendezvous.label, communicator.rank)
+    partial = f"{path}.{os.getpid()}.part"
+    with open(partial, "w") as out:
+        json.dump(record, out, indent=1)
+    os.replace(partial, path)
+    return path
+
+
+def read(directory):
+    """Every flight record file in `directory`, as {communicator: {rank: record}}."""
+    found = {}
+    for name in sorted(os.listdir(directory)):
+        if not (name.startswith("ringcomm-") and name.endswith(".json")):
+            continue
+        with open(os.path.join(directory, name)) as f:
+            record = json.load(f)
+        if record.get("format") != FORMAT:
+            continue
+        found.setdefault(record["communicator"], {})[record["rank"]] = record
+    return found
