@@ -10,8 +10,8 @@
   (the ``log`` option; read when the first communicator is made) prints to stderr one line per
   rank and backend when a communicator sets up (version, build, the link to each peer, the
   algorithm thresholds, slot and slice sizes), ``RINGCOMM_LOG=TRACE`` also one line per call
-  (its name, dtype, elements, bytes, time). A handler of the user's own gets the same records
-  (TRACE lines only where ``RINGCOMM_LOG=TRACE`` or ``configure("TRACE")`` turned them on: a
+  (its name, dtype, elements, bytes, the algorithm it ran, time). A handler of the user's own
+  gets the same records (TRACE lines only where ``RINGCOMM_LOG=TRACE`` or ``configure("TRACE")`` turned them on: a
   call checks one flag, not the logger).
 """
 import functools
@@ -101,10 +101,20 @@ def run(name, method, self, args, kwargs):
         _inside.call = False
     if tracing:
         nbytes = first.numel() * first.element_size() if first is not None else 0
-        logger.log(TRACE, "rank %d: %s %s x %d (%d B) in %.1f us", rank, name,
-                   fields["dtype"], fields["In msg nelems"], nbytes,
+        logger.log(TRACE, "rank %d: %s %s x %d (%d B, %s) in %.1f us", rank, name,
+                   fields["dtype"], fields["In msg nelems"], nbytes, _algorithm(self),
                    (time.perf_counter() - start) * 1e6)
     return result
+
+
+def _algorithm(owner):
+    """The algorithm of the call just made through `owner` (a Communicator, or the torch
+    backend's group), from its backends' newest flight record entry."""
+    comm = getattr(owner, "communicator", owner)
+    newest = [e for c in list(getattr(comm, "_backends", {}).values())
+              for e in c.flight_record(newest=1)]
+    last = max(newest, key=lambda e: e["started"], default=None)
+    return (last or {}).get("algorithm") or "no algorithm"
 
 
 def _tensors(arg):

@@ -90,6 +90,7 @@ def test_info_describes_each_rank_at_set_up_and_trace_each_call():
         assert f"links {1 - rank}:shm" in info[0] and "slot" in info[0], info
         trace = [m for level, m in records if level == "TRACE"]
         assert len(trace) == 2, records
-        assert "all_reduce float32 x 8 (32 B)" in trace[0] and "all_gather" in trace[1], trace
+        assert "all_reduce float32 x 8 (32 B, one_shot)" in trace[0], trace
+        assert "all_gather" in trace[1] and "B, ring)" in trace[1], trace
     for records in launch(2, logged, env={"RINGCOMM_LOG": "INFO"}):
         assert [level for level, _ in records] == ["INFO"], records

@@ -1,5 +1,6 @@
 #include "ringcomm/flight_recorder.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <sstream>
@@ -103,10 +104,11 @@ void FlightRecorder::deviceFailed(uint64_t record, const std::string& failure) {
     endOnDevice(e, CallState::Failed, failure);
 }
 
-std::vector<CallRecord> FlightRecorder::snapshot() const {
+std::vector<CallRecord> FlightRecorder::snapshot(size_t newest) const {
   std::vector<CallRecord> records;
   const uint64_t calls = calls_.load(std::memory_order_acquire);
-  const uint64_t first = calls > entries_.size() ? calls - entries_.size() : 0;
+  const uint64_t kept = std::min<uint64_t>(entries_.size(), newest);
+  const uint64_t first = calls > kept ? calls - kept : 0;
   for (uint64_t id = first; id < calls; ++id) {
     const Entry& e = entries_[id % entries_.size()];
     if (e.id.load(std::memory_order_acquire) != id + 1) continue;  // overwritten meanwhile
@@ -125,11 +127,8 @@ std::vector<CallRecord> FlightRecorder::snapshot() const {
 }
 
 std::string FlightRecorder::recent(size_t count) const {
-  std::vector<CallRecord> records = snapshot();
-  const size_t first = records.size() > count ? records.size() - count : 0;
   std::ostringstream out;
-  for (size_t i = first; i < records.size(); ++i) {
-    const CallRecord& r = records[i];
+  for (const CallRecord& r : snapshot(count)) {
     out << "\n  call " << r.id << ": " << r.name;
     if (r.numbered) out << " #" << r.sequence;
     if (!r.dtype.empty()) out << " " << r.dtype << " x" << r.count;

@@ -69,13 +69,13 @@ void bindPointToPoint(ClassOfComm& comm) {
   auto release = py::call_guard<py::gil_scoped_release>();
   comm.def("set_peer_links", &Comm::setPeerLinks, py::arg("links"))
       .def("set_trace_buffer", &Comm::setTraceBuffer, py::arg("calls"))
-      .def("flight_record", [](const Comm& c) {
+      .def("flight_record", [](const Comm& c, std::optional<size_t> newest) {
              py::list out;
              auto orNone = [](const std::string& s) -> py::object {
                if (s.empty()) return py::none();
                return py::str(s);
              };
-             for (const CallRecord& r : c.flightRecord()) {
+             for (const CallRecord& r : c.flightRecord(newest.value_or(SIZE_MAX))) {
                py::dict d;
                d["call"] = r.id, d["name"] = r.name;
                d["sequence"] = r.numbered ? py::cast(r.sequence) : py::none();
@@ -88,7 +88,8 @@ void bindPointToPoint(ClassOfComm& comm) {
                out.append(d);
              }
              return out;
-           }, "The last calls, oldest first (set_trace_buffer keeps how many)")
+           }, py::arg("newest") = py::none(),
+           "The last calls, oldest first (set_trace_buffer keeps how many; at most `newest`)")
       .def("set_failure_hook", &Comm::setFailureHook, py::arg("hook"),
            "hook() runs on the failing thread once a call has failed and is recorded")
       .def("set_levels", &Comm::setLevels, py::arg("local"), py::arg("cross"),

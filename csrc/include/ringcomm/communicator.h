@@ -126,7 +126,9 @@ class Communicator {
   // Keeps the last `calls` calls (flight_recorder.h; 0: none): flightRecord() returns them, and
   // an error a call raises ends with the last few.
   void setTraceBuffer(size_t calls);
-  std::vector<CallRecord> flightRecord() const { return recorder_->snapshot(); }
+  std::vector<CallRecord> flightRecord(size_t newest = SIZE_MAX) const {
+    return recorder_->snapshot(newest);
+  }
   // Called on the failing thread once a call has failed and is recorded (to write the record
   // out); what it raises is ignored.
   void setFailureHook(std::function<void()> hook) { onFailure_ = std::move(hook); }

@@ -55,7 +55,8 @@ class FlightRecorder {
   // Call `record`'s device work failed or ran past the timeout; any thread.
   void deviceFailed(uint64_t record, const std::string& failure);
 
-  std::vector<CallRecord> snapshot() const;
+  // The kept calls, oldest first; at most the `newest` last ones.
+  std::vector<CallRecord> snapshot(size_t newest = SIZE_MAX) const;
   // The last `count` calls, a line each ("call 41: all_reduce #12 float32 x1000 sum ring:
   // failed at step 3 of 6"), for error messages.
   std::string recent(size_t count) const;
