@@ -24,8 +24,11 @@ def analyse(directory):
     """The analyzer's report, run as users run it, and its one Diagnosis."""
     from ringcomm import trace
 
+    # Run from the trace folder: `-m` puts the working folder first on the path, and a source
+    # checkout there holds no compiled core where the package is installed.
     out = subprocess.run([sys.executable, "-m", "ringcomm.trace", str(directory)],
-                         capture_output=True, text=True, env=checkout_env(), timeout=60)
+                         capture_output=True, text=True, env=checkout_env(), timeout=60,
+                         cwd=directory)
     assert out.returncode == 0, out.stderr
     (diagnosis,) = trace.analyse(str(directory))
     return out.stdout, diagnosis
