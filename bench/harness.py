@@ -29,6 +29,8 @@ class Impl:
 
     name: str
     run: object  # (coll, bufs) -> None
+    sent: object = None  # () -> bytes this rank has sent or published so far, where it counts
+    checked: bool = True  # its results are a collective's (a copy's are not)
 
 
 @dataclass
@@ -54,15 +56,19 @@ class Bench:
         self.timer = CudaTimer() if device.type == "cuda" else CpuTimer()
 
     def _time(self, impl, coll, bufs):
+        """(mean seconds per call, each call's seconds, bytes sent per call or None)."""
         self.timer.sync()
         dist.barrier(group=self.ctl)  # every rank starts together...
         for _ in range(self.s.warmup):  # ...and the last warm-up call aligns them closer still
             impl.run(coll, bufs)
+        before = impl.sent() if impl.sent else None  # read outside the timed calls
         self.timer.start(self.s.iters)
         for _ in range(self.s.iters):
             impl.run(coll, bufs)
             self.timer.mark()
-        return self.timer.stop() / self.s.iters, self.timer.laps()
+        mean = self.timer.stop() / self.s.iters
+        sent = (impl.sent() - before) / self.s.iters if impl.sent else None
+        return mean, self.timer.laps(), sent
 
     def _wrong(self, impl, coll, bufs, pattern, p):
         """#wrong elements on this rank, after one call on fresh inputs (nccl-tests' check)."""
@@ -101,22 +107,25 @@ class Bench:
                 coll.init(bufs, pattern, self.n)
                 rounds = {impl.name: [] for impl in impls}
                 calls = {impl.name: [] for impl in impls}
+                sent = {impl.name: [] for impl in impls}  # the most any rank sent per call
                 for r in range(self.s.rounds):
                     # Implementations alternate on the same buffers, each following every other
                     # in turn, so none keeps inheriting one neighbour's traces.
                     for impl in (impls[i] for i in balanced_order(len(impls), r)):
-                        mean, laps = self._time(impl, coll, bufs)
+                        mean, laps, mine = self._time(impl, coll, bufs)
                         rounds[impl.name].append(max(self._every_rank(mean)))
+                        if mine is not None:
+                            sent[impl.name].append(max(self._every_rank(mine)))
                         calls[impl.name] += self._slowest_per_call(laps)
                         bar.update()
                 for impl in impls:
                     wrong = None
-                    if self.s.check:
+                    if self.s.check and impl.checked:
                         mine = self._wrong(impl, coll, bufs, pattern, p)
                         wrong = int(sum(self._every_rank(mine)))
                     row.append(record(coll, self.s, self.n, self.device, impl.name, p,
                                       full * elsize, inplace, rounds[impl.name],
-                                      calls[impl.name], wrong))
+                                      calls[impl.name], wrong, sent[impl.name]))
                 del bufs
             records += row
             if on_row and self.rank == 0:

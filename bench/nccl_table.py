@@ -1,10 +1,13 @@
 """The printed table in nccl-tests' columns: size, count, type, redop, root, then per
 implementation time, algbw, busbw and #wrong out of place and in place, the busbw ratio of the
-first implementation to the last, and each implementation's per-call p50 and p99."""
+first implementation to the last, each implementation's per-call p50 and p99, and the bytes the
+first implementation sent or published per byte of the size (where it counts them; ring
+all_reduce: 2(N-1)/N)."""
 
 _KEY = "{:>12} {:>13} {:>9} {:>6} {:>5}"
 _BLOCK = " {:>9} {:>7} {:>7} {:>6}"
 _TAIL = " {:>9} {:>9}"
+_MOVED = " {:>7}"
 
 
 def table_header(impl_names, title_lines):
@@ -17,14 +20,16 @@ def table_header(impl_names, title_lines):
     ratio = f"  {impl_names[0]}/{impl_names[-1]} busbw" if len(impl_names) > 1 else ""
     tail_width = len(_TAIL.format("", ""))
     tails = "".join(f"{name + ': per call':>{tail_width}}" for name in impl_names)
-    lines.append("#" + " " * 49 + blocks + ratio + tails)
+    lines.append("#" + " " * 49 + blocks + ratio + tails + f"  {impl_names[0]}")
     cols = _BLOCK.format("time", "algbw", "busbw", "#wrong") * 2 * len(impl_names)
     units = _BLOCK.format("(us)", "(GB/s)", "(GB/s)", "") * 2 * len(impl_names)
     ratio_cols = "   oop     ip" if ratio else ""
     lines.append("#" + _KEY.format("size", "count", "type", "redop", "root")[1:] + cols
-                 + ratio_cols + _TAIL.format("p50", "p99") * len(impl_names))
+                 + ratio_cols + _TAIL.format("p50", "p99") * len(impl_names)
+                 + _MOVED.format("moved"))
     lines.append("#" + _KEY.format("(B)", "(elements)", "", "", "")[1:] + units
-                 + " " * len(ratio_cols) + _TAIL.format("(us)", "(us)") * len(impl_names))
+                 + " " * len(ratio_cols) + _TAIL.format("(us)", "(us)") * len(impl_names)
+                 + _MOVED.format("(B/B)"))
     return "\n".join(lines)
 
 
@@ -51,7 +56,9 @@ def table_row(records, impl_names):
         r = by.get((name, True)) or by.get((name, False))
         line += _TAIL.format(_time_text(r["p50_us"]), _time_text(r["p99_us"])) if r and \
             "p50_us" in r else _TAIL.format("N/A", "N/A")
-    return line
+    r = by.get((impl_names[0], True)) or by.get((impl_names[0], False))
+    moved = r.get("moved_per_byte") if r else None
+    return line + _MOVED.format("N/A" if moved is None else f"{moved:.2f}")
 
 
 def _time_text(us):

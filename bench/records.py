@@ -4,12 +4,18 @@ import json
 import statistics
 
 
-def record(coll, settings, nranks, device, impl, count, nbytes, inplace, rounds, calls, wrong):
+def record(coll, settings, nranks, device, impl, count, nbytes, inplace, rounds, calls, wrong,
+           sent=()):
     """The record of one collective, implementation, size and variant: `rounds` are each round's
     time (s, the slowest rank's), `calls` each call's (s, the slowest rank's), `wrong` the
-    #wrong elements over every rank (None: not checked)."""
+    #wrong elements over every rank (None: not checked), `sent` each round's bytes sent or
+    published per call (the rank that moved most; empty where the implementation does not
+    count)."""
     seconds = statistics.median(rounds)
     algbw = nbytes / seconds / 1e9
+    # Bytes a rank sends or publishes per byte of the collective's size: ring all_reduce's
+    # 2(N-1)/N, one_shot's 1 (its whole input, once, read by every rank).
+    moved_per_byte = statistics.median(sent) / nbytes if sent and nbytes else None
     return {"collective": coll.name, "impl": impl, "size": nbytes, "count": count,
             "type": settings.type_name, "redop": settings.op if coll.has_op else "none",
             "root": settings.root if coll.has_root else -1, "inplace": inplace,
@@ -19,7 +25,7 @@ def record(coll, settings, nranks, device, impl, count, nbytes, inplace, rounds,
             # Per call (slowest rank each): a mean hides a split between fast calls and
             # scheduler-slice-long ones; the median and the 99th percentile do not.
             "p50_us": percentile(calls, 50) * 1e6, "p99_us": percentile(calls, 99) * 1e6,
-            "calls": len(calls)}
+            "calls": len(calls), "moved_per_byte": moved_per_byte}
 
 
 def percentile(values, q):

@@ -38,7 +38,7 @@ from sizes import parse_size, sweep
 from timers import memcpy_bandwidth
 from ringcomm.options import ALGORITHMS, check_algorithm
 
-BASELINES = ("auto", "gloo", "nccl", "nccl-ring", "ringcomm-pg", "none")
+BASELINES = ("auto", "gloo", "nccl", "nccl-ring", "ringcomm-pg", "copy", "none")
 
 
 def parse_args(argv=None):
@@ -69,7 +69,10 @@ def parse_args(argv=None):
     p.add_argument("--baseline", default="auto", choices=BASELINES,
                    help="auto: nccl on CUDA, gloo on CPU; nccl-ring sets NCCL_ALGO=Ring; "
                         "ringcomm-pg: torch.distributed calls on a \"ringcomm\" process group "
-                        "(the cost of the torch layer over the direct Communicator)")
+                        "(the cost of the torch layer over the direct Communicator); copy: "
+                        "every rank copies its output-sized buffer at once, exchanging nothing "
+                        "(the memory traffic an all_reduce cannot avoid: its busbw is the "
+                        "memory's bound; not checked)")
     p.add_argument("--json", metavar="PATH", help="write the records as a JSON list")
     p.add_argument("--plot", metavar="PATH", help="write a PNG of busbw against size")
     p.add_argument("--timeout", type=float, default=300, help="ringcomm communicator timeout (s)")
@@ -142,11 +145,31 @@ def _ringcomm_impls(comm, coll, args, device):
     """ringcomm-NAME per --algorithm where the call takes one and runs it, else one "ringcomm"
     column."""
     run = coll.ringcomm
+
+    def counted():  # the shared-memory and TCP transports count; NCCL's do not
+        stats = comm.stats()
+        return stats.total_sent + stats.bytes_published
+
+    sent = counted if device.type == "cpu" else None
     if args.algorithm is None or not takes_algorithm(coll):
-        return [Impl("ringcomm", lambda c, b: run(comm, b, args.op, args.root))]
+        return [Impl("ringcomm", lambda c, b: run(comm, b, args.op, args.root), sent)]
     return [Impl(f"ringcomm-{name}",
-                         lambda c, b, name=name: run(comm, b, args.op, args.root, algorithm=name))
+                 lambda c, b, name=name: run(comm, b, args.op, args.root, algorithm=name), sent)
             for name in args.algorithm if _runs(comm, coll, name, args, device)]
+
+
+def copy_bound():
+    """A run call that copies the output-sized buffer into a scratch of its own (kept per size,
+    so nothing is allocated in the timed calls): what each rank's memory must at least do."""
+    scratch = {}
+
+    def run(coll, bufs):
+        out = bufs.recv
+        if out.shape not in scratch:
+            scratch.clear()
+            scratch[out.shape] = torch.empty_like(out)
+        scratch[out.shape].copy_(out)
+    return run
 
 
 def _runs(comm, coll, name, args, device):
@@ -197,7 +220,9 @@ def worker(rank, world, args, init_method):
     elif rank == 0:
         print("# ringcomm skipped: this build has no CUDA path (built without nvcc)", flush=True)
     baseline = []
-    if args.baseline != "none":
+    if args.baseline == "copy":
+        baseline.append(Impl("copy", copy_bound(), checked=False))
+    elif args.baseline != "none":
         op = TORCH_OPS[args.op]
         # The backend path: the same torch.distributed calls, on a process group run by ringcomm.
         group = dist.new_group(backend="ringcomm") if args.baseline == "ringcomm-pg" else None

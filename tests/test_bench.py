@@ -72,11 +72,34 @@ def test_run_writes_checked_records(tmp_path):
         assert r["nranks"] == 2 and r["device"] == "cpu" and r["type"] == "float"
         assert r["time_us"] > 0 and r["busbw"] >= 0
         assert 0 < r["p50_us"] <= r["p99_us"] and r["calls"] == 2  # -n 2, one round
+        if r["impl"] == "gloo":
+            assert r["moved_per_byte"] is None
+        elif r["collective"] == "all_reduce":  # 2(N-1)/N of it on the ring, all of it one_shot
+            assert r["moved_per_byte"] == pytest.approx(1.0), r
+        else:
+            assert r["moved_per_byte"] > 0, r
     # In-place only where the API is in place; both variants for the rest.
     variants = {(r["collective"], r["inplace"]) for r in records}
     assert ("all_reduce", False) not in variants and ("all_gather", False) in variants
     assert "ringcomm/gloo busbw" in proc.stdout and "memcpy ceiling" in proc.stdout
+    assert "moved" in proc.stdout and "(B/B)" in proc.stdout
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_copy_baseline_times_each_ranks_copy_and_checks_nothing(tmp_path):
+    """--baseline copy: every rank copies its buffer, exchanging nothing; the ratio column then
+    says how close ringcomm comes to the memory's bound."""
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "run.py"), "--device", "cpu", "--nproc", "2",
+           "-b", "1K", "-e", "64K", "-f", "64", "-n", "2", "-w", "1", "--baseline", "copy",
+           "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = json.loads(out.read_text())
+    copies = [r for r in records if r["impl"] == "copy"]
+    assert len(copies) == 2 and all(r["wrong"] is None and r["time_us"] > 0 for r in copies)
+    assert all(r["wrong"] == 0 for r in records if r["impl"] == "ringcomm")
+    assert "ringcomm/copy busbw" in proc.stdout
 
 
 # -- bench/tune.py: every algorithm, thresholds, targets ----------------------------------------
