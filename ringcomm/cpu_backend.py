@@ -1,6 +1,6 @@
 """The CPU backend: a shared-memory ring between the processes of one host; across hosts, a
 ring whose links are shared memory inside a host and sockets between hosts (across_hosts)."""
-from . import _C, backends, hosts
+from . import _C, backends, hosts, pinning
 
 
 def create(rendezvous, options):
@@ -8,6 +8,7 @@ def create(rendezvous, options):
     group calls this together."""
     if rendezvous.world_size > 1:
         where = hosts.exchange(rendezvous)
+        pinning.pin(rendezvous, where.local_ranks, options.pin_cores)
         if len(where.ranks) > 1:
             from . import across_hosts
             return across_hosts.create(rendezvous, options, where)

@@ -26,6 +26,8 @@ import time
 import torch
 from torch.autograd import profiler as _torch_profiler
 
+from . import pinning
+
 try:  # records inputs' shapes and keyword fields (torch >= 2.1); a plain named range otherwise
     from torch._C._profiler import _RecordFunctionFast as _Range
 except ImportError:  # pragma: no cover
@@ -158,6 +160,8 @@ def set_up(comm, device, backend):
         peers = "nccl to every rank"
         sizes = f"slice {options.slice_bytes or options.cuda_slice_bytes} B"
     thresholds = ", ".join(f"{k} {v}" for k, v in options.thresholds().items())
-    logger.info("rank %d/%d: ringcomm %s, build %s; %s: links %s; %s; algorithm %s (%s)",
+    cpus = pinning.pinned()
+    cores = f"pinned to CPUs {sorted(cpus)}" if cpus else "not pinned"
+    logger.info("rank %d/%d: ringcomm %s, build %s; %s: links %s; %s; algorithm %s (%s); %s",
                 comm.rank, comm.world_size, _version(), build_info(), device, peers or "none",
-                sizes, options.algorithm, thresholds)
+                sizes, options.algorithm, thresholds, cores)

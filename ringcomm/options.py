@@ -13,6 +13,7 @@ import os
 from typing import Callable, NamedTuple, Optional
 
 from . import _C
+from . import pinning
 from .rendezvous import timeout_seconds
 
 # Algorithm names, from the C++ table (kAlgorithms in csrc/include/ringcomm/algorithms.h): "ring";
@@ -102,6 +103,11 @@ OPTIONS = (
     Option("yield_us", "RINGCOMM_YIELD_US", int, 2000,
            "CPU: microseconds of yielding next, then a waiter sleeps on a futex (no yields for "
            "1 s after 4 of 16 lost the core for > 500 us: a busy machine)"),
+    Option("pin_cores", "RINGCOMM_PIN_CORES", str.lower, "auto",
+           "CPU: ``auto`` splits the CPUs of each host among its ranks and keeps each rank's "
+           "calling thread, and threads it starts later, to its share (only where every rank "
+           "there is a process allowed the same CPUs, one at least each; the first "
+           "communicator decides); ``off``: never"),
     Option("socket_ifname", "RINGCOMM_SOCKET_IFNAME", str, "",
            "across hosts: the network interface whose IPv4 address peers on other hosts "
            "connect to; empty: the one that routes toward ``MASTER_ADDR``, else the host name's"),
@@ -170,7 +176,7 @@ class _Options:
         # differ fail with MismatchError). Spinning pays only when every rank can have a core to
         # itself (this process's affinity): then it saves waking an idle core; else it holds a
         # core a peer needs.
-        crowded = {"spin_us": world_size > len(os.sched_getaffinity(0))}
+        crowded = {"spin_us": world_size > len(pinning.available_cores())}
         host_crowded = world_size > (os.cpu_count() or 1)
         values = {}
         for option in OPTIONS:
@@ -184,6 +190,8 @@ class _Options:
                     value = option.crowded
             values[option.name] = value
         check_algorithm(values["algorithm"])
+        if values["pin_cores"] not in ("auto", "off"):
+            raise ValueError(f"pin_cores={values['pin_cores']!r}: auto or off")
         for flag in ("debug", "check_finite"):
             values[flag] = bool(values[flag])
         values["timeout"] = timeout_seconds(self.timeout)

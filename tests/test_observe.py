@@ -88,6 +88,7 @@ def test_info_describes_each_rank_at_set_up_and_trace_each_call():
         info = [m for level, m in records if level == "INFO"]
         assert len(info) == 1 and f"rank {rank}/2" in info[0], records
         assert f"links {1 - rank}:shm" in info[0] and "slot" in info[0], info
+        assert "pinned to CPUs" in info[0] or "not pinned" in info[0], info
         trace = [m for level, m in records if level == "TRACE"]
         assert len(trace) == 2, records
         assert "all_reduce float32 x 8 (32 B, one_shot)" in trace[0], trace

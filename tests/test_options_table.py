@@ -83,6 +83,8 @@ def _other_text(option):
         return "0" if option.default else "1"
     if option.name == "algorithm":
         return next(a for a in ringcomm.options.ALGORITHMS if a != option.default)
+    if option.name == "pin_cores":
+        return "off"
     if isinstance(option.default, str):
         return "/nowhere/libnccl.so.2"
     return str((option.default or 0) + 3)
