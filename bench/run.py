@@ -70,9 +70,10 @@ def parse_args(argv=None):
                    help="auto: nccl on CUDA, gloo on CPU; nccl-ring sets NCCL_ALGO=Ring; "
                         "ringcomm-pg: torch.distributed calls on a \"ringcomm\" process group "
                         "(the cost of the torch layer over the direct Communicator); copy: "
-                        "every rank copies its output-sized buffer at once, exchanging nothing "
-                        "(the memory traffic an all_reduce cannot avoid: its busbw is the "
-                        "memory's bound; not checked)")
+                        "every rank at once reads and rewrites its buffer (in place) or copies "
+                        "it (out of place), exchanging nothing: the memory traffic an "
+                        "all_reduce cannot avoid, so its busbw is the memory's bound; not "
+                        "checked")
     p.add_argument("--json", metavar="PATH", help="write the records as a JSON list")
     p.add_argument("--plot", metavar="PATH", help="write a PNG of busbw against size")
     p.add_argument("--timeout", type=float, default=300, help="ringcomm communicator timeout (s)")
@@ -159,12 +160,16 @@ def _ringcomm_impls(comm, coll, args, device):
 
 
 def copy_bound():
-    """A run call that copies the output-sized buffer into a scratch of its own (kept per size,
-    so nothing is allocated in the timed calls): what each rank's memory must at least do."""
+    """A run call that does what each rank's memory must at least do: in place, read the buffer
+    and write it back (times 1); else copy the output-sized buffer into a scratch of its own
+    (kept per size, so nothing is allocated in the timed calls)."""
     scratch = {}
 
     def run(coll, bufs):
         out = bufs.recv
+        if bufs.send is out:
+            out.logical_and_(out) if out.dtype == torch.bool else out.mul_(1)
+            return
         if out.shape not in scratch:
             scratch.clear()
             scratch[out.shape] = torch.empty_like(out)
