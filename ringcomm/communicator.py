@@ -319,10 +319,11 @@ class Communicator(PointToPoint, CollectiveRouting):
         reached), ``started``/``ended`` (Unix seconds) and ``failure``. ``trace_buffer`` calls
         are kept; readable at any time, also after a failure. Each also has ``dtype``,
         ``count`` (elements per rank), ``op``, ``algorithm`` and ``peer`` (point-to-point's
-        other rank, a rooted collective's root), None where they do not apply."""
+        other rank, a rooted collective's root), None where they do not apply. Asynchronous
+        CPU calls still waiting for their turn come last, as ``state`` "queued"."""
         return [dict(entry, backend=f"{device}" + (f":{index}" if index >= 0 else ""))
                 for (device, index), comm in list(self._backends.items())
-                for entry in comm.flight_record()]
+                for entry in comm.flight_record()] + flight_record.queued(self._queue)
 
     def write_flight_record(self, directory=None):
         """Writes :meth:`flight_record` as this rank's file in `directory` (default: the

@@ -28,6 +28,14 @@ import torch.distributed as dist
 FORMAT, VERSION = "ringcomm-flight-record", 1
 
 
+def queued(queue):
+    """Entries for the calls an InOrderQueue holds that have not started, oldest first."""
+    return [{"backend": "queue", "call": None, "name": name, "sequence": None, "dtype": None,
+             "count": 0, "op": None, "algorithm": None, "peer": None, "state": "queued",
+             "step": -1, "steps": 0, "started": queued_at, "ended": 0.0, "failure": ""}
+            for name, queued_at in list(queue.pending)]
+
+
 def path_for(directory, communicator, rank):
     """The file rank `rank` of the communicator labelled `communicator` writes in `directory`."""
     label = communicator.replace("/", "_")

@@ -2,7 +2,9 @@
 order, so a call that returns at once (``async_op=True``, every call DDP's reducer makes) still
 reaches the ring after the calls made before it, and a synchronous call made while some are
 queued waits behind them."""
+import collections
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -28,6 +30,9 @@ class InOrderQueue:
         # The last call queued, until a caller finds it done: while it is set, calls made on
         # other threads than the worker must not go straight to the ring.
         self.last = None
+        # (name, Unix time queued) of the calls not yet started, oldest first: the flight
+        # record's queued calls. The worker starts them in this order.
+        self.pending = collections.deque()
 
     def ahead(self):
         """Whether queued calls are still to run ahead of a call made now on this thread (never
@@ -40,15 +45,17 @@ class InOrderQueue:
             return False
         return True
 
-    def submit(self, result, call, *args):
+    def submit(self, result, call, *args, name="a call"):
         """Queues `call(*args)` after every call queued before; returns a torch Future that
         holds `result` once it has run (or its exception). Collectives that `call` makes run at
-        once, in its place in the queue."""
+        once, in its place in the queue. `name`: what the flight record calls it meanwhile."""
         if self._worker is None:
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="ringcomm")
         future = torch.futures.Future()
+        self.pending.append((name, time.time()))
 
         def task():
+            self.pending.popleft()  # this call: tasks start in the order they were queued
             _on_worker.active = True
             try:
                 call(*args)

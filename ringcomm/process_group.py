@@ -301,7 +301,8 @@ class ProcessGroupRingcomm(TorchPointToPoint, dist.ProcessGroup):
         wait() raises what `body` raised; a later synchronous call runs after it."""
         result = tensors if result is None else result
         if opts is not None and opts.asyncOp and tensors and not tensors[0].is_cuda:
-            return FutureWork(self.communicator._queue.submit(result, body),
+            name = body.__qualname__.split(".<locals>")[0].rsplit(".", 1)[-1]  # "allreduce"
+            return FutureWork(self.communicator._queue.submit(result, body, name=name),
                               self.communicator.abort)
         body()
         return finish(opts, result)

@@ -60,7 +60,8 @@ class CollectiveRouting:
             self._run(request, buf)
             future = None
         else:
-            future = self._queue.submit(result, self._run, request, buf)
+            future = self._queue.submit(result, self._run, request, buf,
+                                        name=request.collective.name)
         if not async_op:
             return result if future is None else waiting.wait(future, self.abort)
         if future is None:  # a device backend's, ordered on the caller's stream: no waiting

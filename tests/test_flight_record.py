@@ -86,3 +86,29 @@ def nothing_kept(rank, n):
 
 def test_a_trace_buffer_of_0_keeps_nothing():
     assert launch(2, nothing_kept) == [[], []]
+
+
+def queued_calls(rank, n):
+    import time
+
+    import ringcomm
+
+    comm = ringcomm.Communicator(timeout=30)
+    tensors = [torch.ones(10) for _ in range(3)]
+    if rank == 1:
+        time.sleep(1.0)  # rank 0's first call waits for this rank; its next two stay queued
+    works = [comm.all_reduce(t, async_op=True) for t in tensors]
+    while_waiting = comm.flight_record()
+    for w in works:
+        w.wait()
+    after = comm.flight_record()
+    comm.close()
+    return while_waiting, after
+
+
+def test_asynchronous_calls_not_yet_started_show_as_queued():
+    while_waiting, after = launch(2, queued_calls)[0]
+    queued = [e for e in while_waiting if e["state"] == "queued"]
+    assert [e["name"] for e in queued] == ["all_reduce", "all_reduce"], while_waiting
+    assert all(e["started"] > 0 and e["backend"] == "queue" for e in queued)
+    assert [e["state"] for e in after] == ["completed"] * 3, after
