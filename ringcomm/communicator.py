@@ -359,7 +359,7 @@ class Communicator(PointToPoint, CollectiveRouting):
         """
         if self._aborted is None:
             self._aborted = why
-            flight_record.write(self, "aborted")
+            flight_record.write_or_warn(self, "aborted")
         # Without the lock: the thread running a collective holds it until the collective ends.
         for comm in list(self._backends.values()):
             comm.abort(why)
@@ -368,7 +368,7 @@ class Communicator(PointToPoint, CollectiveRouting):
         """Releases shared memory, device resources and the worker thread; idempotent."""
         self._queue.close()  # finishes queued async work first
         if not self._closed:
-            flight_record.write(self, "closed")
+            flight_record.write_or_warn(self, "closed")
         with self._lock:
             self._closed, self._cpu = True, None
             if self._links is not None:  # before the ring goes: see shm_links

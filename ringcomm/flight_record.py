@@ -18,6 +18,7 @@ The file is replaced each time (written beside, then renamed), so a reader never
 one.
 """
 import json
+import logging
 import os
 import socket
 import time
@@ -52,8 +53,18 @@ def watch(communicator, c_comm):
     def failed():
         comm = owner()
         if comm is not None:
-            write(comm, "failed")
+            write_or_warn(comm, "failed")
     c_comm.set_failure_hook(failed)
+
+
+def write_or_warn(communicator, reason):
+    """write(), where a file that cannot be written is a warning on the ``ringcomm`` logger: a
+    failure, an abort or a close goes on without it."""
+    try:
+        return write(communicator, reason)
+    except OSError as error:
+        logging.getLogger("ringcomm").warning("could not write the flight record: %s", error)
+        return None
 
 
 def write(communicator, reason, directory=None):

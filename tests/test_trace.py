@@ -159,3 +159,18 @@ def test_files_hold_every_call_with_its_fields_and_a_clean_run_reads_clean(tmp_p
     assert reduce["algorithm"] and broadcast["algorithm"] == "ring"
     report, d = analyse(tmp_path)
     assert d.culprits == [] and d.collective is None and "every call completed" in report
+
+
+def test_a_trace_dir_that_cannot_be_written_warns_and_closes(tmp_path, caplog):
+    import torch.distributed as dist
+
+    import ringcomm
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")  # a file where the folder should be
+    comm = ringcomm.Communicator.from_store(dist.HashStore(), 0, 1, timeout=10,
+                                            trace_dir=str(blocked))
+    comm.all_reduce(torch.ones(2))
+    with caplog.at_level("WARNING", logger="ringcomm"):
+        comm.close()
+    assert comm.closed and "could not write the flight record" in caplog.text
