@@ -89,8 +89,7 @@ def diagnose(communicator, by_rank):
     lines, culprits, name = [], [], None
     if key is not None:
         entries = {rank: c[key] for rank, c in calls.items() if key in c}
-        name = describe(next(iter(entries.values())))
-        name = " ".join(name.split()[:2])  # "all_reduce #4"
+        name = f"{next(iter(entries.values()))['name']} #{key[1]}"  # "all_reduce #4"
         for field in AGREED:
             counts = Counter(e.get(field) for e in entries.values()).most_common()
             if len(counts) > 1:
