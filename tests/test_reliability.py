@@ -64,8 +64,8 @@ def killed_mid_collective(rank, n):
 
 def test_waiters_stop_yielding_when_yields_lose_the_core():
     """Beside busy processes a sched_yield hands the core away for a scheduler slice: 4 slow
-    yields (> 500 us) in a window of 16 turn yielding off for a second; fewer, or a window of
-    fast ones in between, do not."""
+    yields (> 500 us) in a window of 16 turn yielding off; fewer, or a window of fast ones in
+    between, do not."""
     from ringcomm import _testing
     gate = _testing.YieldGate()
     for _ in range(3):
@@ -73,13 +73,40 @@ def test_waiters_stop_yielding_when_yields_lose_the_core():
     for _ in range(13):  # completes the window: the 3 slow ones are forgotten
         gate.note_yield(20)
     gate.note_yield(5000)
-    assert not gate.yields_are_slow()
+    assert gate.may_yield()
     for _ in range(2):
         gate.note_yield(5000)
-    assert not gate.yields_are_slow()  # 3 slow in this window
+    assert gate.may_yield() and not gate.yielding_is_off()  # 3 slow in this window
     assert gate.note_yield(600)  # the 4th turns yielding off
-    assert gate.yields_are_slow()
-    assert not _testing.YieldGate().yields_are_slow()  # a fresh gate starts with yielding on
+    assert gate.yielding_is_off() and not gate.may_yield()
+    assert _testing.YieldGate().may_yield()  # a fresh gate starts with yielding on
+
+
+def test_yielding_comes_back_once_probes_find_the_cores_free():
+    """While yielding is off, one waiter per probe period may yield; a run of fast probes turns
+    yielding on again, a slow one starts the run over, and waiters between probes sleep."""
+    from ringcomm import _testing
+    gate = _testing.YieldGate()
+    for _ in range(4):
+        gate.note_yield(5000)
+    assert gate.yielding_is_off()
+
+    def probe(micros):
+        deadline = time.monotonic() + 10 * gate.probe_every_seconds
+        while not gate.may_yield():  # not before the probe is due
+            assert time.monotonic() < deadline, "no probe came"
+            time.sleep(gate.probe_every_seconds / 10)
+        assert not gate.may_yield()  # one waiter probes, the others sleep on
+        return gate.note_yield(micros)
+
+    started = time.monotonic()
+    assert probe(20) and probe(20)  # two fast probes: still off
+    assert probe(5000)  # a slow one: the run starts over
+    for _ in range(gate.quiet_probes - 1):
+        assert probe(20)
+    assert not probe(20)  # quiet_probes fast ones in a row: yielding is on again
+    assert not gate.yielding_is_off() and gate.may_yield()
+    assert time.monotonic() - started >= (gate.quiet_probes + 3) * gate.probe_every_seconds * 0.9
 
 
 def test_survivors_of_a_killed_rank_raise_promptly_and_refuse_further_use():

@@ -12,24 +12,46 @@
 
 namespace ringcomm {
 
-bool YieldGate::yieldsAreSlow() const {
-  return Clock::now().time_since_epoch().count() < offUntil_.load(std::memory_order_relaxed);
+bool YieldGate::mayYield() {
+  if (!off_.load(std::memory_order_relaxed)) return true;
+  Clock::rep due = nextProbe_.load(std::memory_order_relaxed);
+  const auto now = Clock::now();
+  if (now.time_since_epoch().count() < due) return false;
+  // One waiter wins the probe; the others keep sleeping.
+  return nextProbe_.compare_exchange_strong(due, (now + kProbeEvery).time_since_epoch().count(),
+                                            std::memory_order_relaxed);
+}
+
+void YieldGate::turnOff() {
+  quietProbes_.store(0, std::memory_order_relaxed);
+  nextProbe_.store((Clock::now() + kProbeEvery).time_since_epoch().count(),
+                   std::memory_order_relaxed);
+  off_.store(true, std::memory_order_relaxed);
 }
 
 bool YieldGate::noteYield(Clock::duration took) {
-  const uint32_t slow = took > kSlowYield
-                            ? slowInWindow_.fetch_add(1, std::memory_order_relaxed) + 1
-                            : slowInWindow_.load(std::memory_order_relaxed);
+  const bool slowYield = took > kSlowYield;
+  if (off_.load(std::memory_order_relaxed)) {  // a probe
+    if (slowYield) {
+      quietProbes_.store(0, std::memory_order_relaxed);
+      return true;
+    }
+    if (quietProbes_.fetch_add(1, std::memory_order_relaxed) + 1 < kQuietProbes) return true;
+    yieldsInWindow_.store(0, std::memory_order_relaxed);
+    slowInWindow_.store(0, std::memory_order_relaxed);
+    off_.store(false, std::memory_order_relaxed);
+    return false;
+  }
+  const uint32_t slow = slowYield ? slowInWindow_.fetch_add(1, std::memory_order_relaxed) + 1
+                                  : slowInWindow_.load(std::memory_order_relaxed);
   const bool windowDone = yieldsInWindow_.fetch_add(1, std::memory_order_relaxed) + 1 >= kWindow;
-  const bool turnOff = slow >= kSlowInWindow;
-  if (turnOff)
-    offUntil_.store((Clock::now() + kOffFor).time_since_epoch().count(),
-                    std::memory_order_relaxed);
-  if (windowDone || turnOff) {
+  const bool turnOffNow = slow >= kSlowInWindow;
+  if (turnOffNow) turnOff();
+  if (windowDone || turnOffNow) {
     yieldsInWindow_.store(0, std::memory_order_relaxed);
     slowInWindow_.store(0, std::memory_order_relaxed);
   }
-  return turnOff;
+  return turnOffNow;
 }
 
 YieldGate& processYieldGate() {

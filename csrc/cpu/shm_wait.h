@@ -76,27 +76,37 @@ void checkAlive(const WaitTarget& target);
 [[noreturn]] void throwWaitTimeout(const WaitPolicy& policy, const WaitTarget& target);
 [[noreturn]] void throwInterrupted(const WaitTarget& target);
 
-// Whether sched_yield lately lost this process its core for scheduler slices (another process
-// ran out its slice) often enough that waiters should sleep instead. Yields are counted in
-// windows of kWindow; kSlowInWindow slow ones in a window turn yielding off for kOffFor (then it
-// is tried again: the machine may be quiet by then). Counts are approximate across threads.
+// Whether waiters may yield, judged from what yields cost now. A yield to a peer rank returns
+// once that rank waits again (microseconds); one that returns much later gave the core to a
+// process that ran out its scheduler slice: a busy machine, where waiters should sleep instead.
+// Yields are counted in windows of kWindow; kSlowInWindow slow ones in a window turn yielding
+// off. While off, one waiter in kProbeEvery may yield as a probe, and kQuietProbes fast probes
+// in a row turn it on again: the mode ends within a few tenths of a second once cores are free,
+// and costs a busy machine one slow yield per kProbeEvery. Counts are approximate across threads.
 class YieldGate {
  public:
   using Clock = std::chrono::steady_clock;
-  // A yield to a peer rank returns once that rank waits again (microseconds); one that returns
-  // after this long gave the core to a process that ran out its scheduler slice. Quiet, 4 ranks
-  // on 2 cores: 1 yield in 5000 was that slow; beside 2 busy processes, 45%.
+  // Quiet, 4 ranks on 2 cores: 1 yield in 5000 took this long; beside 2 busy processes, 45%.
   static constexpr auto kSlowYield = std::chrono::microseconds(500);
   static constexpr uint32_t kWindow = 16, kSlowInWindow = 4;
-  static constexpr auto kOffFor = std::chrono::seconds(1);
+  static constexpr auto kProbeEvery = std::chrono::milliseconds(50);
+  // A busy machine answers 3 probes fast in a row about 1 time in 6 (45% slow yields): then
+  // the window turns yielding off again after a few slow yields.
+  static constexpr uint32_t kQuietProbes = 3;
 
-  bool yieldsAreSlow() const;
-  // How long one yield took; returns whether that turned yielding off.
+  // Whether this waiter may yield now: yielding is on, or it is off and a probe is due (then
+  // this caller is the probe, and must report the yield with noteYield).
+  bool mayYield();
+  bool yieldingIsOff() const { return off_.load(std::memory_order_relaxed); }
+  // How long one yield took; returns whether yielding is off after it.
   bool noteYield(Clock::duration took);
 
  private:
-  std::atomic<uint32_t> yieldsInWindow_{0}, slowInWindow_{0};
-  std::atomic<Clock::rep> offUntil_{0};  // Clock ticks since its epoch
+  void turnOff();
+
+  std::atomic<bool> off_{false};
+  std::atomic<uint32_t> yieldsInWindow_{0}, slowInWindow_{0}, quietProbes_{0};
+  std::atomic<Clock::rep> nextProbe_{0};  // Clock ticks since its epoch
 };
 
 // The gate every wait of this process consults.
@@ -138,13 +148,13 @@ void waitUntil(Ready ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& 
       // on one), and then spinning only delays it. A yield costs a system call when nothing
       // else wants the core; the gate stops it on a busy machine, where a yield loses the core
       // for long. Waits shorter than that, the common case, never pay for it.
-      if ((i & 255) == 255 && policy.yieldMicros > 0 && !processYieldGate().yieldsAreSlow()) {
+      if ((i & 255) == 255 && policy.yieldMicros > 0 && processYieldGate().mayYield()) {
         sched_yield();
         processYieldGate().noteYield(Clock::now() - now);
       }
     }
   }
-  if (policy.yieldMicros > 0 && !processYieldGate().yieldsAreSlow()) {
+  if (policy.yieldMicros > 0 && processYieldGate().mayYield()) {
     const auto stopYielding = Clock::now() + std::chrono::microseconds(policy.yieldMicros);
     for (int round = 0; !ready(); ++round) {
       if ((round & 63) == 0) checkAbort();

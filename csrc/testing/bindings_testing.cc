@@ -59,7 +59,13 @@ void bindCpuEntryPoints(py::module_& testing) {
                 std::chrono::duration<double, std::micro>(micros)));
           },
           py::arg("micros"))
-      .def("yields_are_slow", &YieldGate::yieldsAreSlow);
+      .def("may_yield", &YieldGate::mayYield)
+      .def("yielding_is_off", &YieldGate::yieldingIsOff)
+      .def_property_readonly_static(
+          "probe_every_seconds",
+          [](py::object) { return std::chrono::duration<double>(YieldGate::kProbeEvery).count(); })
+      .def_property_readonly_static("quiet_probes",
+                                    [](py::object) { return YieldGate::kQuietProbes; });
   testing.def("remove_stale_segments", &ShmSegment::removeStale, py::arg("folder") = "/dev/shm",
               py::arg("min_age_seconds") = 60.0);
 }
