@@ -50,8 +50,11 @@ _BAR_DELAY = 2  # seconds before the progress bar appears
 class Bench:
     """Runs one collective over a size sweep on every rank; rank 0 gets the records."""
 
-    def __init__(self, rank, nranks, device, ctl_group, settings):
+    def __init__(self, rank, nranks, device, ctl_group, settings, between_rounds=None):
+        """`between_rounds()`, if given, runs on every rank after each round of every size (the
+        memory ceiling's samples: bench/run.py)."""
         self.rank, self.n, self.device, self.ctl, self.s = rank, nranks, device, ctl_group, settings
+        self.between_rounds = between_rounds
         self.dtype = DTYPES[settings.type_name]
         self.timer = CudaTimer() if device.type == "cuda" else CpuTimer()
 
@@ -118,6 +121,8 @@ class Bench:
                             sent[impl.name].append(max(self._every_rank(mine)))
                         calls[impl.name] += self._slowest_per_call(laps)
                         bar.update()
+                    if self.between_rounds:
+                        self.between_rounds()
                 for impl in impls:
                     wrong = None
                     if self.s.check and impl.checked:

@@ -35,7 +35,7 @@ from nccl_table import table_header, table_row
 from plots import write_plot
 from records import write_json
 from sizes import parse_size, sweep
-from timers import memcpy_bandwidth
+from timers import CopyCeiling
 from ringcomm.options import ALGORITHMS, check_algorithm
 
 BASELINES = ("auto", "gloo", "nccl", "nccl-ring", "ringcomm-pg", "copy", "none")
@@ -235,11 +235,13 @@ def worker(rank, world, args, init_method):
     if comm is None and not baseline:
         raise SystemExit("nothing to measure: ringcomm cannot run here and --baseline is none")
 
+    ceiling = None
     if rank == 0:  # alone on the machine while the others wait, so the figure is clean
-        ceiling = memcpy_bandwidth(device)
-        threads = f", {torch.get_num_threads()} threads" if device.type == "cpu" else ""
+        ceiling = CopyCeiling(device)
+        ceiling.sample(reps=5)
+        threads = f", {ceiling.threads} threads" if device.type == "cpu" else ""
         print(f"# memcpy ceiling (torch copy_ of 64 MiB on {device.type}{threads}): "
-              f"{ceiling:.2f} GB/s", flush=True)
+              f"{ceiling.median():.2f} GB/s; sampled again after every round", flush=True)
         if args.link_rate:
             hosts = world // int(os.environ.get("LOCAL_WORLD_SIZE", world))
             print(link_bound.describe(args.link_rate, hosts, world), flush=True)
@@ -253,7 +255,13 @@ def worker(rank, world, args, init_method):
 
     settings = Settings(args.iters, args.warmup_iters, bool(args.check), args.op,
                                 args.root, args.datatype, args.rounds)
-    bench = Bench(rank, world, device, ctl, settings)
+    def sample_ceiling():  # every rank waits while rank 0 copies
+        dist.barrier(group=ctl)
+        if ceiling:
+            ceiling.sample()
+        dist.barrier(group=ctl)
+
+    bench = Bench(rank, world, device, ctl, settings, between_rounds=sample_ceiling)
     sizes = sweep(args.minbytes, args.maxbytes, args.stepfactor)
     records = []
     for name in args.collective:
@@ -267,7 +275,7 @@ def worker(rank, world, args, init_method):
             table_row(row, names), flush=True))
         records += rows
         if rank == 0:
-            print(_summary(rows, names) + "\n", flush=True)
+            print(_summary(rows, names, ceiling) + "\n", flush=True)
 
     if rank == 0 and args.report:  # the caller's analysis writes its own files
         args.report(records, world, args)
@@ -298,13 +306,21 @@ def _title(coll, args, world, device):
     return lines
 
 
-def _summary(rows, names):
-    """nccl-tests' closing 'Avg bus bandwidth' line, per implementation."""
+def _summary(rows, names, ceiling):
+    """nccl-tests' closing 'Avg bus bandwidth' line, per implementation; then the memcpy
+    ceiling's samples so far and each implementation's busbw at the largest size against their
+    median."""
     parts = []
     for name in names:
         bw = [r["busbw"] for r in rows if r["impl"] == name]
         parts.append(f"{name} {sum(bw) / len(bw):.3f}")
-    return "# avg busbw (GB/s): " + ", ".join(parts)
+    line = "# avg busbw (GB/s): " + ", ".join(parts)
+    largest = max(r["size"] for r in rows)
+    top = {r["impl"]: r["busbw"] for r in rows if r["size"] == largest}  # in place, if measured
+    ratios = ", ".join(f"{name} {top[name] / ceiling.median():.3g}" for name in names)
+    return (line + f"\n# memcpy ceiling: median {ceiling.median():.2f} GB/s of "
+            f"{len(ceiling.samples)} copies ({min(ceiling.samples):.2f}-"
+            f"{max(ceiling.samples):.2f}); busbw at {largest} B / ceiling: {ratios}")
 
 
 def _spawned(index, world, args, init_method):

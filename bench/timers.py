@@ -62,17 +62,35 @@ class CudaTimer:
         torch.cuda.synchronize()
 
 
-def memcpy_bandwidth(device, nbytes=64 << 20, reps=5):
+class CopyCeiling:
     """The local copy bandwidth (bytes copied per second, GB = 1e9): the ceiling for any collective
-    that moves data through this memory."""
-    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    timer = CudaTimer() if src.is_cuda else CpuTimer()
-    dst.copy_(src)  # first touch: page faults are not bandwidth
-    times = []
-    for _ in range(reps):
-        timer.sync()
-        timer.start()
-        dst.copy_(src)
-        times.append(timer.stop())
-    return nbytes / sorted(times)[len(times) // 2] / 1e9
+    that moves data through this memory. One process copies `nbytes` with torch's threads (as
+    many as it had at start: the cores), alone on the machine while other ranks wait. A sample
+    taken between a benchmark's rounds follows the machine's state, which drifts; the median of
+    the samples is the figure."""
+
+    def __init__(self, device, nbytes=64 << 20):
+        self.threads = torch.get_num_threads()
+        self.src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+        self.dst = torch.empty_like(self.src)
+        self.timer = CudaTimer() if self.src.is_cuda else CpuTimer()
+        self.dst.copy_(self.src)  # first touch: page faults are not bandwidth
+        self.samples = []
+
+    def sample(self, reps=1):
+        """Times `reps` copies, keeping each one's bandwidth; returns the latest."""
+        threads = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            self.dst[:1 << 20].copy_(self.src[:1 << 20])  # wakes (or starts) the thread pool
+            for _ in range(reps):
+                self.timer.sync()
+                self.timer.start()
+                self.dst.copy_(self.src)
+                self.samples.append(self.src.numel() / self.timer.stop() / 1e9)
+        finally:
+            torch.set_num_threads(threads)
+        return self.samples[-1]
+
+    def median(self):
+        return sorted(self.samples)[len(self.samples) // 2]

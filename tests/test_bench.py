@@ -1,6 +1,7 @@
 """Smoke test of the benchmark: bench/run.py really runs (2 CPU ranks, tiny sizes, every
 collective), validates, and writes the documented JSON and a PNG. No timing assertions."""
 import json
+import re
 import os
 import subprocess
 import sys
@@ -83,6 +84,13 @@ def test_run_writes_checked_records(tmp_path):
     assert ("all_reduce", False) not in variants and ("all_gather", False) in variants
     assert "ringcomm/gloo busbw" in proc.stdout and "memcpy ceiling" in proc.stdout
     assert "moved" in proc.stdout and "(B/B)" in proc.stdout
+    # The ceiling is sampled again after every round: each collective's summary has more copies.
+    summaries = re.findall(r"# memcpy ceiling: median ([\d.]+) GB/s of (\d+) copies .*busbw at "
+                           r"(\d+) B / ceiling: ringcomm ([\d.e+-]+), gloo ([\d.e+-]+)", proc.stdout)
+    assert len(summaries) == len({r["collective"] for r in records}), proc.stdout
+    copies = [int(s[1]) for s in summaries]
+    assert copies == sorted(set(copies)) and copies[0] > 5, copies
+    assert all(float(s[0]) > 0 and float(s[3]) > 0 for s in summaries), summaries
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
