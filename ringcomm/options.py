@@ -103,7 +103,7 @@ OPTIONS = (
     Option("yield_us", "RINGCOMM_YIELD_US", int, 2000,
            "CPU: microseconds of yielding next, then a waiter sleeps on a futex (no yields "
            "after 4 of 16 lost the core for > 500 us, a busy machine, until 3 probes in a row, "
-           "one per 50 ms, find yields fast again)"),
+           "one per 50-200 ms, find yields fast again)"),
     Option("pin_cores", "RINGCOMM_PIN_CORES", str.lower, "auto",
            "CPU: ``auto`` splits the CPUs of each host among its ranks and keeps each rank's "
            "calling thread, and threads it starts later, to its share (only where every rank "

@@ -84,29 +84,40 @@ def test_waiters_stop_yielding_when_yields_lose_the_core():
 
 def test_yielding_comes_back_once_probes_find_the_cores_free():
     """While yielding is off, one waiter per probe period may yield; a run of fast probes turns
-    yielding on again, a slow one starts the run over, and waiters between probes sleep."""
+    yielding on again, a slow one starts the run over and doubles the period (up to a cap), and
+    waiters between probes sleep."""
     from ringcomm import _testing
     gate = _testing.YieldGate()
+    first, last = gate.first_probe_seconds, gate.last_probe_seconds
     for _ in range(4):
         gate.note_yield(5000)
     assert gate.yielding_is_off()
+    gaps = []
 
     def probe(micros):
-        deadline = time.monotonic() + 10 * gate.probe_every_seconds
+        start = time.monotonic()
         while not gate.may_yield():  # not before the probe is due
-            assert time.monotonic() < deadline, "no probe came"
-            time.sleep(gate.probe_every_seconds / 10)
+            assert time.monotonic() < start + 10 * last, "no probe came"
+            time.sleep(first / 20)
+        gaps.append(time.monotonic() - start)
         assert not gate.may_yield()  # one waiter probes, the others sleep on
         return gate.note_yield(micros)
 
-    started = time.monotonic()
     assert probe(20) and probe(20)  # two fast probes: still off
-    assert probe(5000)  # a slow one: the run starts over
+    slow_probes = 0
+    while first * 2 ** slow_probes < last:
+        assert probe(5000)  # slow ones: the run starts over, the period doubles
+        slow_probes += 1
+    assert probe(5000)  # one more: the period stays at its cap
     for _ in range(gate.quiet_probes - 1):
         assert probe(20)
     assert not probe(20)  # quiet_probes fast ones in a row: yielding is on again
     assert not gate.yielding_is_off() and gate.may_yield()
-    assert time.monotonic() - started >= (gate.quiet_probes + 3) * gate.probe_every_seconds * 0.9
+    periods = [first] * 3 + [first * 2 ** k for k in range(1, slow_probes + 1)]
+    periods += [last] * gate.quiet_probes
+    assert len(gaps) == len(periods), (gaps, periods)
+    for gap, period in zip(gaps, periods):
+        assert 0.8 * period <= gap <= period + 0.5, (gaps, periods)
 
 
 def test_survivors_of_a_killed_rank_raise_promptly_and_refuse_further_use():

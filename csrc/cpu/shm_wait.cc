@@ -5,6 +5,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <fstream>
@@ -18,14 +19,16 @@ bool YieldGate::mayYield() {
   const auto now = Clock::now();
   if (now.time_since_epoch().count() < due) return false;
   // One waiter wins the probe; the others keep sleeping.
-  return nextProbe_.compare_exchange_strong(due, (now + kProbeEvery).time_since_epoch().count(),
-                                            std::memory_order_relaxed);
+  const Clock::rep next = now.time_since_epoch().count() +
+                          probePeriod_.load(std::memory_order_relaxed);
+  return nextProbe_.compare_exchange_strong(due, next, std::memory_order_relaxed);
 }
 
 void YieldGate::turnOff() {
+  const Clock::rep first = Clock::duration(kFirstProbe).count();
   quietProbes_.store(0, std::memory_order_relaxed);
-  nextProbe_.store((Clock::now() + kProbeEvery).time_since_epoch().count(),
-                   std::memory_order_relaxed);
+  probePeriod_.store(first, std::memory_order_relaxed);
+  nextProbe_.store(Clock::now().time_since_epoch().count() + first, std::memory_order_relaxed);
   off_.store(true, std::memory_order_relaxed);
 }
 
@@ -34,6 +37,11 @@ bool YieldGate::noteYield(Clock::duration took) {
   if (off_.load(std::memory_order_relaxed)) {  // a probe
     if (slowYield) {
       quietProbes_.store(0, std::memory_order_relaxed);
+      const Clock::rep period = std::min<Clock::rep>(
+          2 * probePeriod_.load(std::memory_order_relaxed), Clock::duration(kLastProbe).count());
+      probePeriod_.store(period, std::memory_order_relaxed);
+      nextProbe_.store(Clock::now().time_since_epoch().count() + period,
+                       std::memory_order_relaxed);
       return true;
     }
     if (quietProbes_.fetch_add(1, std::memory_order_relaxed) + 1 < kQuietProbes) return true;

@@ -80,16 +80,19 @@ void checkAlive(const WaitTarget& target);
 // once that rank waits again (microseconds); one that returns much later gave the core to a
 // process that ran out its scheduler slice: a busy machine, where waiters should sleep instead.
 // Yields are counted in windows of kWindow; kSlowInWindow slow ones in a window turn yielding
-// off. While off, one waiter in kProbeEvery may yield as a probe, and kQuietProbes fast probes
-// in a row turn it on again: the mode ends within a few tenths of a second once cores are free,
-// and costs a busy machine one slow yield per kProbeEvery. Counts are approximate across threads.
+// off. While off, one waiter per probe period may yield as a probe, and kQuietProbes fast
+// probes in a row turn it on again: after a short burst of other work the mode ends within a
+// few tenths of a second. Each slow probe doubles the period (kFirstProbe to kLastProbe), so a
+// machine that stays busy pays fewer slow yields than a fixed period would, and fewer than
+// reopening the gate every second did. Counts are approximate across threads.
 class YieldGate {
  public:
   using Clock = std::chrono::steady_clock;
   // Quiet, 4 ranks on 2 cores: 1 yield in 5000 took this long; beside 2 busy processes, 45%.
   static constexpr auto kSlowYield = std::chrono::microseconds(500);
   static constexpr uint32_t kWindow = 16, kSlowInWindow = 4;
-  static constexpr auto kProbeEvery = std::chrono::milliseconds(50);
+  static constexpr auto kFirstProbe = std::chrono::milliseconds(50);
+  static constexpr auto kLastProbe = std::chrono::milliseconds(200);
   // A busy machine answers 3 probes fast in a row about 1 time in 6 (45% slow yields): then
   // the window turns yielding off again after a few slow yields.
   static constexpr uint32_t kQuietProbes = 3;
@@ -107,6 +110,7 @@ class YieldGate {
   std::atomic<bool> off_{false};
   std::atomic<uint32_t> yieldsInWindow_{0}, slowInWindow_{0}, quietProbes_{0};
   std::atomic<Clock::rep> nextProbe_{0};  // Clock ticks since its epoch
+  std::atomic<Clock::rep> probePeriod_{0};  // Clock ticks
 };
 
 // The gate every wait of this process consults.

@@ -62,8 +62,11 @@ void bindCpuEntryPoints(py::module_& testing) {
       .def("may_yield", &YieldGate::mayYield)
       .def("yielding_is_off", &YieldGate::yieldingIsOff)
       .def_property_readonly_static(
-          "probe_every_seconds",
-          [](py::object) { return std::chrono::duration<double>(YieldGate::kProbeEvery).count(); })
+          "first_probe_seconds",
+          [](py::object) { return std::chrono::duration<double>(YieldGate::kFirstProbe).count(); })
+      .def_property_readonly_static(
+          "last_probe_seconds",
+          [](py::object) { return std::chrono::duration<double>(YieldGate::kLastProbe).count(); })
       .def_property_readonly_static("quiet_probes",
                                     [](py::object) { return YieldGate::kQuietProbes; });
   testing.def("remove_stale_segments", &ShmSegment::removeStale, py::arg("folder") = "/dev/shm",
