@@ -219,6 +219,20 @@ def worker(rank, world, args, init_method):
     ctl = dist.new_group(backend="gloo")
     if not 0 <= args.root < world:
         raise SystemExit(f"--root {args.root} is not a rank of {world}")
+    ceiling = None
+    # Before any communicator: one may pin this thread and the threads it starts to a share of
+    # the cores, and the copy's thread pool must have them all.
+    if rank == 0:  # alone on the machine while the others wait, so the figure is clean
+        ceiling = CopyCeiling(device)
+        ceiling.sample(reps=5)
+        threads = f", {ceiling.threads} threads" if device.type == "cpu" else ""
+        print(f"# memcpy ceiling (torch copy_ of 64 MiB on {device.type}{threads}): "
+              f"{ceiling.median():.2f} GB/s; sampled again after every round", flush=True)
+        if args.link_rate:
+            hosts = world // int(os.environ.get("LOCAL_WORLD_SIZE", world))
+            print(link_bound.describe(args.link_rate, hosts, world), flush=True)
+        print("#", flush=True)
+    dist.barrier(group=ctl)
     comm = None  # None where this build cannot run on the device (said once, not fatal)
     if device.type != "cuda" or ringcomm.build_info()["cuda"]:
         comm = ringcomm.Communicator(timeout=args.timeout)
@@ -235,18 +249,6 @@ def worker(rank, world, args, init_method):
     if comm is None and not baseline:
         raise SystemExit("nothing to measure: ringcomm cannot run here and --baseline is none")
 
-    ceiling = None
-    if rank == 0:  # alone on the machine while the others wait, so the figure is clean
-        ceiling = CopyCeiling(device)
-        ceiling.sample(reps=5)
-        threads = f", {ceiling.threads} threads" if device.type == "cpu" else ""
-        print(f"# memcpy ceiling (torch copy_ of 64 MiB on {device.type}{threads}): "
-              f"{ceiling.median():.2f} GB/s; sampled again after every round", flush=True)
-        if args.link_rate:
-            hosts = world // int(os.environ.get("LOCAL_WORLD_SIZE", world))
-            print(link_bound.describe(args.link_rate, hosts, world), flush=True)
-        print("#", flush=True)
-    dist.barrier(group=ctl)
     if device.type == "cpu":
         # One intra-op thread per rank, as torchrun sets for several local ranks: N ranks' thread
         # pools oversubscribe the cores, and their idle workers spin on the cores both
