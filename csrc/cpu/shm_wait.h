@@ -101,6 +101,9 @@ class YieldGate {
   // this caller is the probe, and must report the yield with noteYield).
   bool mayYield();
   bool yieldingIsOff() const { return off_.load(std::memory_order_relaxed); }
+  Clock::duration probePeriod() const {
+    return Clock::duration(probePeriod_.load(std::memory_order_relaxed));
+  }
   // How long one yield took; returns whether yielding is off after it.
   bool noteYield(Clock::duration took);
 

@@ -61,6 +61,10 @@ void bindCpuEntryPoints(py::module_& testing) {
           py::arg("micros"))
       .def("may_yield", &YieldGate::mayYield)
       .def("yielding_is_off", &YieldGate::yieldingIsOff)
+      .def("probe_period_seconds",
+           [](const YieldGate& gate) {
+             return std::chrono::duration<double>(gate.probePeriod()).count();
+           })
       .def_property_readonly_static(
           "first_probe_seconds",
           [](py::object) { return std::chrono::duration<double>(YieldGate::kFirstProbe).count(); })
