@@ -35,7 +35,7 @@ from nccl_table import table_header, table_row
 from plots import write_plot
 from records import write_json
 from sizes import parse_size, sweep
-from timers import CopyCeiling
+from timers import CopyCeiling, CoreRoundTrip
 from ringcomm.options import ALGORITHMS, check_algorithm
 
 BASELINES = ("auto", "gloo", "nccl", "nccl-ring", "ringcomm-pg", "copy", "none")
@@ -219,7 +219,7 @@ def worker(rank, world, args, init_method):
     ctl = dist.new_group(backend="gloo")
     if not 0 <= args.root < world:
         raise SystemExit(f"--root {args.root} is not a rank of {world}")
-    ceiling = None
+    ceiling = round_trip = None
     # Before any communicator: one may pin this thread and the threads it starts to a share of
     # the cores, and the copy's thread pool must have them all.
     if rank == 0:  # alone on the machine while the others wait, so the figure is clean
@@ -228,6 +228,11 @@ def worker(rank, world, args, init_method):
         threads = f", {ceiling.threads} threads" if device.type == "cpu" else ""
         print(f"# memcpy ceiling (torch copy_ of 64 MiB on {device.type}{threads}): "
               f"{ceiling.median():.2f} GB/s; sampled again after every round", flush=True)
+        if device.type == "cpu":
+            round_trip = CoreRoundTrip(world)
+            round_trip.sample()
+            print(f"# core-to-core round trip: {round_trip.describe()}; also after every round",
+                  flush=True)
         if args.link_rate:
             hosts = world // int(os.environ.get("LOCAL_WORLD_SIZE", world))
             print(link_bound.describe(args.link_rate, hosts, world), flush=True)
@@ -261,6 +266,8 @@ def worker(rank, world, args, init_method):
         dist.barrier(group=ctl)
         if ceiling:
             ceiling.sample()
+        if round_trip:
+            round_trip.sample()
         dist.barrier(group=ctl)
 
     bench = Bench(rank, world, device, ctl, settings, between_rounds=sample_ceiling)
@@ -277,7 +284,7 @@ def worker(rank, world, args, init_method):
             table_row(row, names), flush=True))
         records += rows
         if rank == 0:
-            print(_summary(rows, names, ceiling) + "\n", flush=True)
+            print(_summary(rows, names, ceiling, round_trip) + "\n", flush=True)
 
     if rank == 0 and args.report:  # the caller's analysis writes its own files
         args.report(records, world, args)
@@ -308,10 +315,10 @@ def _title(coll, args, world, device):
     return lines
 
 
-def _summary(rows, names, ceiling):
+def _summary(rows, names, ceiling, round_trip):
     """nccl-tests' closing 'Avg bus bandwidth' line, per implementation; then the memcpy
     ceiling's samples so far and each implementation's busbw at the largest size against their
-    median."""
+    median; on CPU the core-to-core round trips so far."""
     parts = []
     for name in names:
         bw = [r["busbw"] for r in rows if r["impl"] == name]
@@ -322,7 +329,8 @@ def _summary(rows, names, ceiling):
     ratios = ", ".join(f"{name} {top[name] / ceiling.median():.3g}" for name in names)
     return (line + f"\n# memcpy ceiling: median {ceiling.median():.2f} GB/s of "
             f"{len(ceiling.samples)} copies ({min(ceiling.samples):.2f}-"
-            f"{max(ceiling.samples):.2f}); busbw at {largest} B / ceiling: {ratios}")
+            f"{max(ceiling.samples):.2f}); busbw at {largest} B / ceiling: {ratios}"
+            + (f"\n# core-to-core round trip: {round_trip.describe()}" if round_trip else ""))
 
 
 def _spawned(index, world, args, init_method):

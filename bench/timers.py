@@ -1,5 +1,7 @@
-"""Timing one implementation's calls: wall clock on CPU, CUDA events on GPU, and the local copy
-bandwidth (the ceiling a collective's bandwidth is read against)."""
+"""Timing one implementation's calls: wall clock on CPU, CUDA events on GPU; the local copy
+bandwidth (the ceiling a collective's bandwidth is read against) and, on CPU, the round trip
+between two ranks' cores."""
+import os
 import time
 
 import torch
@@ -94,3 +96,37 @@ class CopyCeiling:
 
     def median(self):
         return sorted(self.samples)[len(self.samples) // 2]
+
+
+class CoreRoundTrip:
+    """A cache line's round trip between the CPUs of the first two local ranks (their first CPU
+    each where ranks get a share of the cores, as pinning gives them): every byte local ranks
+    exchange crosses between their cores, and on a virtual machine this moves by 5x when the
+    hypervisor moves the virtual CPUs. `cpus` is None where it cannot be measured (fewer than
+    two CPUs, or ringcomm built without its testing module)."""
+
+    def __init__(self, world):
+        from ringcomm import pinning
+        try:
+            from ringcomm import _testing
+        except ImportError:
+            _testing = None
+        allowed = sorted(os.sched_getaffinity(0))
+        self.measure = getattr(_testing, "core_round_trip_ns", None)
+        self.cpus = None
+        if self.measure and len(allowed) >= 2:
+            shares = world if len(allowed) >= world else len(allowed)
+            self.cpus = tuple(min(pinning.group(allowed, i, shares)) for i in (0, 1))
+        self.samples = []
+
+    def sample(self):
+        if self.cpus:
+            self.samples.append(self.measure(*self.cpus))
+
+    def describe(self):
+        """'median N ns (a-b)' over the samples so far, or why there are none."""
+        if not self.samples:
+            return "not measured (one CPU, or no ringcomm._testing)"
+        s = sorted(self.samples)
+        return (f"CPUs {self.cpus[0]} and {self.cpus[1]}: median {s[len(s) // 2]:.0f} ns "
+                f"({s[0]:.0f}-{s[-1]:.0f}) of {len(s)} samples")

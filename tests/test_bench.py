@@ -1,8 +1,8 @@
 """Smoke test of the benchmark: bench/run.py really runs (2 CPU ranks, tiny sizes, every
 collective), validates, and writes the documented JSON and a PNG. No timing assertions."""
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +15,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import harness  # noqa: E402
 import records  # noqa: E402
 import sizes  # noqa: E402
+import ringcomm  # noqa: E402
 from ringcomm import _C  # noqa: E402
 
 KEYS = {"collective", "impl", "size", "count", "type", "redop", "inplace", "time_us", "algbw",
@@ -91,6 +92,13 @@ def test_run_writes_checked_records(tmp_path):
     copies = [int(s[1]) for s in summaries]
     assert copies == sorted(set(copies)) and copies[0] > 5, copies
     assert all(float(s[0]) > 0 and float(s[3]) > 0 for s in summaries), summaries
+    # So is the round trip between the two ranks' cores, which the whole launch depends on.
+    if len(os.sched_getaffinity(0)) >= 2:
+        trips = re.findall(r"# core-to-core round trip: CPUs (\d+) and (\d+): median (\d+) ns "
+                           r"\((\d+)-(\d+)\) of (\d+) samples", proc.stdout)
+        assert len(trips) == 1 + len(summaries), proc.stdout
+        assert [int(t[5]) for t in trips] == [1] + [c - 4 for c in copies], trips  # 5 copies first
+        assert all(t[0] != t[1] and 0 < int(t[3]) <= int(t[2]) <= int(t[4]) for t in trips)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -333,3 +341,13 @@ def test_gpu_host_calls_counts_one_group_per_step_and_slice(world, mib, groups):
     assert eager["kernel launches"] == groups // 2  # one reduce per reduce-scatter slice
     replayed = gpu_host_calls.counts_per_call(world, mib, slice_mib)
     assert replayed.get("ncclGroupEnd", 0) == 0 and replayed["cudaGraphLaunch"] == 1, replayed
+
+
+def test_core_round_trip_binds_a_thread_to_each_cpu_or_says_it_cannot():
+    from ringcomm import _testing
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs")
+    assert _testing.core_round_trip_ns(cpus[0], cpus[1], rounds=2000, samples=3) > 0
+    with pytest.raises(ringcomm.RingcommError, match="cannot bind a thread to CPU"):
+        _testing.core_round_trip_ns(cpus[0], 1023, rounds=10, samples=1)

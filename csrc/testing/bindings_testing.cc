@@ -1,10 +1,10 @@
 // ringcomm._testing: entry points that only tests and benchmarks call, a module of its own so
-// that ringcomm._C holds none (plan geometry, the CPU reducer, the yield gate; with CUDA the
-// kernels, a ring's publications and host_gpu). It links the same objects of the C++ core as
-// _C and imports _C first, so the classes and enums _C registers (DataType, Transport,
-// Reducer, CudaTransportAndReducer, ...) are the ones its functions take and return; what the
-// core keeps in process-wide variables (the yield gate, the interrupt check) this module has a
-// copy of (docs/design.md, "The testing module").
+// that ringcomm._C holds none (plan geometry, the CPU reducer, the yield gate, a core-to-core
+// round trip; with CUDA the kernels, a ring's publications and host_gpu). It links the same
+// objects of the C++ core as _C and imports _C first, so the classes and enums _C registers
+// (DataType, Transport, Reducer, CudaTransportAndReducer, ...) are the ones its functions take
+// and return; what the core keeps in process-wide variables (the yield gate, the interrupt
+// check) this module has a copy of (docs/design.md, "The testing module").
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -22,6 +22,7 @@
 #include "ringcomm/error.h"
 #include "ringcomm/schedule.h"
 #include "python/signal_check.h"
+#include "testing/core_round_trip.h"
 
 namespace py = pybind11;
 
@@ -73,6 +74,9 @@ void bindCpuEntryPoints(py::module_& testing) {
           [](py::object) { return std::chrono::duration<double>(YieldGate::kLastProbe).count(); })
       .def_property_readonly_static("quiet_probes",
                                     [](py::object) { return YieldGate::kQuietProbes; });
+  testing.def("core_round_trip_ns", &coreRoundTripNanos, py::arg("cpu_a"), py::arg("cpu_b"),
+              py::arg("rounds") = 20000, py::arg("samples") = 5,
+              py::call_guard<py::gil_scoped_release>());
   testing.def("remove_stale_segments", &ShmSegment::removeStale, py::arg("folder") = "/dev/shm",
               py::arg("min_age_seconds") = 60.0);
 }
