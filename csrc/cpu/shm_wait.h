@@ -82,9 +82,9 @@ void checkAlive(const WaitTarget& target);
 // Yields are counted in windows of kWindow; kSlowInWindow slow ones in a window turn yielding
 // off. While off, one waiter per probe period may yield as a probe, and kQuietProbes fast
 // probes in a row turn it on again: after a short burst of other work the mode ends within a
-// few tenths of a second. Each slow probe doubles the period (kFirstProbe to kLastProbe), so a
-// machine that stays busy pays fewer slow yields than a fixed period would, and fewer than
-// reopening the gate every second did. Counts are approximate across threads.
+// few tenths of a second. Each slow probe doubles the period (kFirstProbe to kLastProbe), so on a
+// machine that stays busy probes come once per kLastProbe. Counts are approximate
+// across threads.
 class YieldGate {
  public:
   using Clock = std::chrono::steady_clock;
