@@ -52,7 +52,7 @@ class Bench:
 
     def __init__(self, rank, nranks, device, ctl_group, settings, between_rounds=None):
         """`between_rounds()`, if given, runs on every rank after each round of every size (the
-        memory ceiling's samples: bench/run.py)."""
+        machine's samples: bench/run.py's copy ceiling and core round trip)."""
         self.rank, self.n, self.device, self.ctl, self.s = rank, nranks, device, ctl_group, settings
         self.between_rounds = between_rounds
         self.dtype = DTYPES[settings.type_name]

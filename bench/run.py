@@ -262,7 +262,7 @@ def worker(rank, world, args, init_method):
 
     settings = Settings(args.iters, args.warmup_iters, bool(args.check), args.op,
                                 args.root, args.datatype, args.rounds)
-    def sample_ceiling():  # every rank waits while rank 0 copies
+    def sample_machine():  # every rank waits while rank 0 copies and times the round trip
         dist.barrier(group=ctl)
         if ceiling:
             ceiling.sample()
@@ -270,7 +270,7 @@ def worker(rank, world, args, init_method):
             round_trip.sample()
         dist.barrier(group=ctl)
 
-    bench = Bench(rank, world, device, ctl, settings, between_rounds=sample_ceiling)
+    bench = Bench(rank, world, device, ctl, settings, between_rounds=sample_machine)
     sizes = sweep(args.minbytes, args.maxbytes, args.stepfactor)
     records = []
     for name in args.collective:

@@ -115,7 +115,7 @@ class CoreRoundTrip:
         self.measure = getattr(_testing, "core_round_trip_ns", None)
         self.cpus = None
         if self.measure and len(allowed) >= 2:
-            shares = world if len(allowed) >= world else len(allowed)
+            shares = min(world, len(allowed))
             self.cpus = tuple(min(pinning.group(allowed, i, shares)) for i in (0, 1))
         self.samples = []
 
