@@ -1,9 +1,13 @@
 """Builds ringcomm._C: always the CPU core; the CUDA part too when nvcc is found. And
 ringcomm._testing, the entry points only the tests and benchmarks call, as a module of its own.
 
-The core's sources (csrc/core, cpu, cuda, python/signal_check.cc) are compiled once and linked
-into both modules; each module adds its bindings (_C: csrc/bindings*.cc and csrc/python/bind_*;
-_testing: csrc/testing).
+csrc/ has a folder per part: core (its interface in include/ringcomm), the CPU reducer (cpu),
+the host transports (shm: shared memory, tcp), with CUDA the kernels and CUDA reducer (cuda) and
+the NCCL transport (nccl), and the bindings of each module (_C: python; _testing: testing). The
+core's sources (every folder but the bindings'; cuda and nccl only with CUDA, as they alone
+include CUDA's and NCCL's headers) and the binding code both modules call (SHARED_BINDINGS) are
+compiled once and linked into both modules; each module adds its bindings (_C: csrc/python;
+_testing: csrc/testing; with CUDA each one's cuda/ subfolder too).
 
 Environment:
   RINGCOMM_CUDA=0|1         force the CUDA part off or on (default: on when nvcc is found)
@@ -27,6 +31,10 @@ from setuptools import setup
 
 ROOT = Path(__file__).parent.resolve()
 CSRC = ROOT / "csrc"
+BINDING_FOLDERS = ("python", "testing")
+CUDA_FOLDERS = ("cuda", "nccl")  # the only folders whose files include CUDA or NCCL headers
+# Binding code both modules call: the interrupt check each installs at import.
+SHARED_BINDINGS = ["csrc/python/signal_check.cc"]
 
 
 def find_cuda_home():
@@ -91,8 +99,8 @@ def cuda_archs():
 
 
 class BuildWithCuda(build_ext):
-    """Compiles the core's sources once (csrc/cuda/*.cu with nvcc), then links those objects into
-    every extension with its own sources."""
+    """Compiles the core's sources and SHARED_BINDINGS once (csrc/cuda/*.cu with nvcc), then
+    links those objects into every extension with its own sources."""
 
     def build_extensions(self):
         # setuptools rebuilds only when a source is newer than the module: a build with CUDA
@@ -102,7 +110,7 @@ class BuildWithCuda(build_ext):
         stamp = Path(self.build_temp) / "ringcomm-build-config"
         if not stamp.exists() or stamp.read_text() != config:
             self.force = True
-        objects = self.compile_core(core)
+        objects = self.compile_core(core, core.sources + SHARED_BINDINGS)
         if core.cuda:
             objects += self.compile_cuda(core.cuda)
         for ext in self.extensions:
@@ -121,11 +129,11 @@ class BuildWithCuda(build_ext):
         built = Path(target).stat().st_mtime
         return any(Path(p).stat().st_mtime > built for p in [source, *CORE.depends])
 
-    def compile_core(self, core):
-        """The core's C++ sources compiled with the extensions' flags, those out of date only."""
+    def compile_core(self, core, sources):
+        """C++ `sources` compiled with the core's flags, those out of date only."""
         out_dir = str(Path(self.build_temp) / "core")
-        objects = self.compiler.object_filenames(core.sources, output_dir=out_dir)
-        stale = [src for src, obj in zip(core.sources, objects) if self.stale(src, obj)]
+        objects = self.compiler.object_filenames(sources, output_dir=out_dir)
+        stale = [src for src, obj in zip(sources, objects) if self.stale(src, obj)]
         if stale:
             self.compiler.compile(stale, output_dir=out_dir, macros=core.define_macros,
                                   include_dirs=core.include_dirs,
@@ -191,14 +199,12 @@ def cc_files(folder):
 
 
 def make_core():
-    """The core: every source folder of csrc/ (core, cpu, a new host transport's) but the
-    bindings' (python/, the modules' own) and testing/, the Python interrupt check, and with
-    CUDA cuda/ (the .cu files too, compile_cuda). Not a module of its own: its objects are
-    linked into each extension."""
-    folders = sorted(p.name for p in CSRC.iterdir()
-                     if p.is_dir() and p.name not in ("include", "python", "testing", "cuda"))
+    """The core: every source folder of csrc/ (core, cpu, shm, tcp, a new host transport's) but
+    the bindings', and with CUDA the CUDA folders (cuda's .cu files too, compile_cuda). Not a
+    module of its own: its objects are linked into each extension."""
+    skipped = ("include", *BINDING_FOLDERS, *CUDA_FOLDERS)
+    folders = sorted(p.name for p in CSRC.iterdir() if p.is_dir() and p.name not in skipped)
     sources = [s for folder in folders for s in cc_files(folder)]
-    sources.append(os.path.relpath(CSRC / "python" / "signal_check.cc", ROOT))
     core = Pybind11Extension(
         "ringcomm._core",  # never built as a module: the flags and sources the objects share
         sources=sources,
@@ -213,7 +219,7 @@ def make_core():
     if cuda_wanted(cuda_home):
         nccl_include = find_nccl_include()
         archs = cuda_archs()
-        core.sources += cc_files("cuda")
+        core.sources += [s for folder in CUDA_FOLDERS for s in cc_files(folder)]
         core.include_dirs += [str(cuda_home / "include"), str(nccl_include)]
         core.library_dirs += [str(cuda_home / "lib64")]
         core.libraries = ["cudart_static"] + core.libraries  # no libcudart needed at run time
@@ -238,12 +244,10 @@ def make_module(name, sources, core):
 
 
 def make_extensions(core):
-    # ringcomm._C: the bindings (csrc/bindings*.cc, csrc/python).
-    bindings = [os.path.relpath(CSRC / "bindings.cc", ROOT)] + [
-        s for s in cc_files("python") if not s.endswith("signal_check.cc")]
-    if core.cuda:
-        bindings.append(os.path.relpath(CSRC / "bindings_cuda.cc", ROOT))
-    modules = [make_module("ringcomm._C", bindings, core)]
+    # ringcomm._C: its bindings, csrc/python (with CUDA csrc/python/cuda too).
+    bindings = [s for s in cc_files("python") if s not in SHARED_BINDINGS]
+    modules = [make_module("ringcomm._C", bindings + (cc_files("python/cuda") if core.cuda else []),
+                           core)]
     # ringcomm._testing: csrc/testing (and with CUDA its host implementation of CUDA and NCCL,
     # csrc/testing/cuda, and the kernels' host build).
     if os.environ.get("RINGCOMM_TESTING", "1") != "0":

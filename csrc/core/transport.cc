@@ -1,9 +1,17 @@
-// Defaults of the optional Transport operations (transports that stage everything).
+// Defaults of the optional Transport operations (transports that stage everything), and the
+// envelope mismatch every transport raises.
 #include "ringcomm/transport.h"
 
 #include "ringcomm/error.h"
 
 namespace ringcomm {
+
+void throwEnvelopeMismatch(int peer, const Envelope& got, const Envelope& expected,
+                           EnvelopeFrom from) {
+  RC_THROW_AS(MismatchError, "collective mismatch: rank ", peer,
+              from == EnvelopeFrom::Publication ? " published " : " sent ", describeEnvelope(got),
+              " but this rank is running ", describeEnvelope(expected));
+}
 
 void Transport::forward(int from, int to, const Envelope&) {
   RC_THROW("this transport cannot forward a message from rank ", from, " to rank ", to,

@@ -7,9 +7,9 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_reducer.h"
-#include "cuda/gpu_api.h"
-#include "cuda/nccl_transport.h"
 #include "cuda/reduce_kernels.h"
+#include "nccl/gpu_api.h"
+#include "nccl/nccl_transport.h"
 #include "ringcomm/error.h"
 
 namespace ringcomm {

@@ -12,10 +12,6 @@
 #include "cuda/reduce_kernels.h"
 #include "ringcomm/types.h"
 
-namespace pybind11 {
-class module_;
-}
-
 namespace ringcomm {
 
 class NcclTransport;
@@ -62,8 +58,5 @@ class CudaTransportAndReducer {
   std::shared_ptr<NcclTransport> transport_;
   std::shared_ptr<CudaReducer> reducer_;
 };
-
-// Adds the CUDA functions and classes to the extension module (csrc/bindings_cuda.cc).
-void bindCuda(pybind11::module_& m);
 
 }  // namespace ringcomm

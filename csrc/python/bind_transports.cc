@@ -1,6 +1,6 @@
 // ringcomm._C's transports and reducers: the base classes Communicator takes, and the CPU ones
 // (shared-memory ring transport, point-to-point links, CPU reducer), and the transport that
-// reaches each peer through its own. The CUDA ones are in csrc/bindings_cuda.cc.
+// reaches each peer through its own. The CUDA ones are in python/cuda/bind_cuda.cc.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -8,12 +8,12 @@
 #include <memory>
 
 #include "cpu/cpu_reducer.h"
-#include "cpu/shm_p2p.h"
-#include "cpu/shm_transport.h"
 #include "python/bindings.h"
 #include "ringcomm/reducer.h"
 #include "ringcomm/routed_transport.h"
 #include "ringcomm/transport.h"
+#include "shm/shm_p2p.h"
+#include "shm/shm_transport.h"
 
 namespace py = pybind11;
 

@@ -1,4 +1,4 @@
-// What the binding files of ringcomm._C (csrc/python/bind_*.cc, gathered by csrc/bindings.cc)
+// What the binding files of ringcomm._C (csrc/python/bind_*.cc, gathered by module.cc)
 // share: raw addresses from Python integers, CommOptions' threshold names, and each area's
 // binding function.
 #pragma once
@@ -27,6 +27,8 @@ void bindPlans(pybind11::module_& m);          // make_plan, choose_algorithm
 void bindRequest(pybind11::module_& m);        // CollectiveRequest and its debug header
 void bindTransports(pybind11::module_& m);     // Transport, Reducer and the CPU ones
 void bindCommunicator(pybind11::module_& m);   // Communicator, its traffic
-void bindNet(pybind11::module_& m);            // SocketTransport (TCP)
+void bindTcp(pybind11::module_& m);            // SocketTransport
+// With CUDA only (python/cuda/): device queries, NCCL, CudaTransportAndReducer.
+void bindCuda(pybind11::module_& m);
 
 }  // namespace ringcomm::python

@@ -4,7 +4,7 @@
 // objects of the C++ core as _C and imports _C first, so the classes and enums _C registers
 // (DataType, Transport, Reducer, CudaTransportAndReducer, ...) are the ones its functions take
 // and return; what the core keeps in process-wide variables (the yield gate, the interrupt
-// check) this module has a copy of (docs/design.md, "The testing module").
+// check) this module has a copy of (docs/contributing.md, "The testing module").
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -16,12 +16,12 @@
 #include <vector>
 
 #include "cpu/cpu_reducer.h"
-#include "cpu/shm_segment.h"
-#include "cpu/shm_wait.h"
+#include "python/signal_check.h"
 #include "ringcomm/communicator.h"
 #include "ringcomm/error.h"
 #include "ringcomm/schedule.h"
-#include "python/signal_check.h"
+#include "shm/shm_segment.h"
+#include "shm/shm_wait.h"
 #include "testing/core_round_trip.h"
 
 namespace py = pybind11;

@@ -39,9 +39,9 @@ struct AlgorithmInfo {
 // hops, N times the bytes read). two_shot (all_reduce): each rank reduces its chunk from every
 // rank's publication and publishes it, then copies every other rank's chunk. See
 // docs/design.md.
-// The thresholds are bench/tune.py's on 2 cores (docs/design.md, "Defaults"; the figures in
-// docs/benchmarks.md): one_shot all_reduce beat the ring at small sizes; two_shot and the one-hop
-// halves never beat it beyond the noise there, so auto leaves them off (0). A host with a core
+// The thresholds are bench/tune.py's on 2 cores (docs/benchmarks.md, "How the defaults were
+// chosen"): one_shot all_reduce beat the ring at small sizes; two_shot and the one-hop halves
+// never beat it beyond the noise there, so auto leaves them off (0). A host with a core
 // per rank sets its own from bench/tune.py (RINGCOMM_<NAME>_MAX_BYTES).
 inline constexpr uint32_t kOneHopCollectives = collectiveBit(Collective::AllReduce) |
                                               collectiveBit(Collective::ReduceScatter) |

@@ -39,6 +39,20 @@ struct Envelope {
 // error messages.
 std::string describeEnvelope(const Envelope& envelope);
 
+// How a peer's envelope reached this rank, for the mismatch message.
+enum class EnvelopeFrom { Message, Publication };
+
+// MismatchError "collective mismatch: rank <peer> sent <got> but this rank is running
+// <expected>" ("published" for a publication): the one message every transport that carries
+// envelopes raises, so a rank that called something else is named the same way everywhere.
+[[noreturn]] void throwEnvelopeMismatch(int peer, const Envelope& got, const Envelope& expected,
+                                        EnvelopeFrom from = EnvelopeFrom::Message);
+
+inline void checkEnvelope(int peer, const Envelope& got, const Envelope& expected,
+                          EnvelopeFrom from = EnvelopeFrom::Message) {
+  if (!(got == expected)) throwEnvelopeMismatch(peer, got, expected, from);
+}
+
 // What a transport moved and how long it waited, counted where it moves and waits (not
 // computed from a formula). Per peer rank; publications are counted once when written and,
 // by each reader, as bytes received from the rank that wrote them. A message forwarded by

@@ -10,8 +10,8 @@
 #include <mutex>
 #include <string>
 
-#include "cuda/nccl_transport.h"
 #include "cuda/reduce_kernels.h"
+#include "nccl/nccl_transport.h"
 #include "ringcomm/error.h"
 #include "testing/cuda/host_gpu.h"
 #include "testing/cuda/kernel_runtime.h"

@@ -1,4 +1,4 @@
-// Test-only: a host implementation of GpuApi (csrc/cuda/gpu_api.h) with CUDA's and NCCL's
+// Test-only: a host implementation of GpuApi (csrc/nccl/gpu_api.h) with CUDA's and NCCL's
 // semantics, so the CPU tests drive the real NcclTransport, ranks as threads of one process:
 //   streams    a worker thread each, running its work in order (handle 0: the calling thread's
 //              own default stream, as with per-thread default streams), and graph capture;
@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/gpu_api.h"
+#include "nccl/gpu_api.h"
 
 namespace ringcomm::hostgpu {
 

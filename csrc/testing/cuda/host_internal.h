@@ -6,7 +6,7 @@
 #include <functional>
 #include <string>
 
-#include "cuda/gpu_api.h"
+#include "nccl/gpu_api.h"
 
 namespace ringcomm::hostgpu {
 

@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "cuda/gpu_api.h"
+#include "nccl/gpu_api.h"
 
 namespace ringcomm::hostgpu {
 

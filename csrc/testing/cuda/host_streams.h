@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "cuda/gpu_api.h"
+#include "nccl/gpu_api.h"
 
 namespace ringcomm::hostgpu {
 
