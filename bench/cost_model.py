@@ -24,7 +24,7 @@ before and after (the ranks beyond the largest power of two fold in). A flat alg
 spans several nodes runs at the pace of its slowest link: the inter-node alpha and beta.
 
 --calibrate-inter fits the between-node alpha and beta the same way from a run across hosts
-(bench/emulated_hosts.py ... bench/run.py --json: ringcomm's two-level all_reduce, time =
+(tools/emulated_hosts.py ... bench/run.py --json: ringcomm's two-level all_reduce, time =
 in-node reduce-scatter and all-gather at the in-node link + a ring of the hosts on S/G), so the
 beta is what one local rank gets of the host's link when all of them send at once.
 

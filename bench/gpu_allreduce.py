@@ -41,7 +41,8 @@ def _host_time(fn, iters):
 
 
 def _rank(rank, world, store_path, sizes_mib, iters, warmup, slices, out_path):
-    from ringcomm import _C, CommOptions, _testing, cuda_backend
+    from ringcomm import _C, CommOptions, _testing
+    from ringcomm.transport import cuda as cuda_backend
 
     os.environ.update(cuda_backend.shared_gpu_env(rank))
     torch.cuda.set_device(0)

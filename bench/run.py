@@ -83,7 +83,7 @@ def parse_args(argv=None):
                         "Communicator call takes algorithm= (the others get one 'ringcomm' "
                         "column); default: the communicator's (RINGCOMM_ALGORITHM, else ring)")
     p.add_argument("--link-rate", metavar="RATE",
-                   help="the rate hosts are linked at (e.g. 3gbit, bench/emulated_hosts.py "
+                   help="the rate hosts are linked at (e.g. 3gbit, tools/emulated_hosts.py "
                         "--rate): print all_reduce's bound over it (bench/link_bound.py)")
     args = p.parse_args(argv)
 
@@ -199,7 +199,7 @@ def _runs(comm, coll, name, args, device):
 def _share_gpu(rank):
     """More ranks than GPUs: NCCL refuses two ranks on one GPU unless told (docs/design.md)."""
     major, minor, patch = torch.cuda.nccl.version()[:3]  # the one ringcomm loads too
-    env = ringcomm.cuda_backend.shared_gpu_env(rank, major * 10000 + minor * 100 + patch)
+    env = ringcomm.transport.cuda.shared_gpu_env(rank, major * 10000 + minor * 100 + patch)
     for name, value in env.items():
         os.environ.setdefault(name, value)
 

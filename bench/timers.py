@@ -106,7 +106,7 @@ class CoreRoundTrip:
     two CPUs, or ringcomm built without its testing module)."""
 
     def __init__(self, world):
-        from ringcomm import pinning
+        from ringcomm.world import pinning
         try:
             from ringcomm import _testing
         except ImportError:

@@ -1,32 +1,28 @@
 """Communicator: ring collectives on torch tensors, numpy arrays and cupy arrays."""
-import threading
-
-import numpy as np
-import torch
-from torch.autograd import profiler as _torch_profiler
-
-from . import _C, backends, checks, flight_record, observe
-from .buffers import NUMPY_C_DTYPES, TORCH_C_DTYPES, as_buffer, as_c_dtype
-from .in_order_queue import InOrderQueue, on_worker
+from . import _C, checks
+from .buffers import as_c_dtype
+from .observe import log
+from .observe.calls import traced
+from .observe.flight_record import FlightRecorder
 from .options import COLLECTIVES_WITH_ALGORITHM, CommOptions, algorithm_for
 from .ops import to_c_op
 from .point_to_point import PointToPoint
-from .rendezvous import Rendezvous
-from .request import CollectiveRequest
-from .routing import CollectiveRouting
-from .stats import CommStats, from_traffic
+from .request import (all_gather_request, gather_request, reduce_request, reduce_scatter_request,
+                      scatter_request)
+from .routing import Router
+from .world.rendezvous import Rendezvous
 
-_Collective = _C.Collective
 _SUM, _RING = _C.RedOp.sum, _C.Algorithm.ring
-_ALL_REDUCE, _BROADCAST = _Collective.all_reduce, _Collective.broadcast
+_ALL_REDUCE, _BROADCAST = _C.Collective.all_reduce, _C.Collective.broadcast
 
 
-class Communicator(PointToPoint, CollectiveRouting):
+class Communicator:
     """One rank's handle on ringcomm rings over a torch.distributed group.
 
     Call it on every rank after ``torch.distributed.init_process_group(...)``; rank, world size
     and the rendezvous store come from the group. Collectives run on the tensors' device: CPU
-    tensors and numpy arrays over shared memory between the local processes.
+    tensors and numpy arrays over shared memory between the processes of a host and TCP
+    between hosts.
 
     Args:
         group: a torch.distributed process group (default: the default group).
@@ -58,32 +54,28 @@ class Communicator(PointToPoint, CollectiveRouting):
     def __init__(self, group=None, timeout=None, *, options=None, **fields):
         options = (options or CommOptions()).replace(timeout=timeout, **fields)
         if isinstance(group, Rendezvous):  # from_store and the torch backend: no process group
-            self._rendezvous = group
+            rendezvous = group
             options = options.replace(timeout=options.timeout or group.timeout)
         else:
-            self._rendezvous = Rendezvous(group, options.timeout)
-        self.rank = self._rendezvous.rank
-        self.world_size = self._rendezvous.world_size
+            rendezvous = Rendezvous(group, options.timeout)
+        self.rank = rendezvous.rank
+        self.world_size = rendezvous.world_size
         self.options = options.resolved(self.world_size)
         self.timeout = self.options.timeout
-        observe.configure(self.options.log)
+        log.configure(self.options.log)
         self.debug, self.check_finite = self.options.debug, self.options.check_finite
-        self._backends = {}
-        self._cpu = None  # the CPU ring's _C.Communicator once set up, until closed
-        self._lock = threading.Lock()
-        self._queue = InOrderQueue()  # async_op collectives on CPU, in call order
-        self._links = None  # point-to-point links, set up on first use
         # What each collective that takes algorithm= runs without one: the option's where it
         # plans that collective, else the ring.
         self._default_algorithms = {
             name: checks.algorithm(algorithm_for(self.options.algorithm, name))
             for name in COLLECTIVES_WITH_ALGORITHM}
-        self._stats_base = {}  # backend -> collectives run before the last reset_stats
-        self._closed = False
-        self._aborted = None  # why abort() was called, once it was
-        if not any(b.available() for b in backends.registered().values() if b.device != "cpu"):
-            # Set up eagerly: set-up errors show here, not mid-training.
-            self._communicator_for("cpu", -1)
+        # Owned parts: the router runs every call on the backends (and writes the flight record
+        # through the recorder); point-to-point reaches the backends through the router.
+        self._recorder = FlightRecorder(rendezvous.label, self.rank, self.world_size,
+                                        self.options.trace_dir)
+        self._router = Router(rendezvous, self.options, self._recorder)
+        self._p2p = PointToPoint(self._router, self.rank, self.world_size, self.timeout,
+                                 self.debug)
 
     @classmethod
     def from_store(cls, store, rank, world_size, timeout=None, **options):
@@ -118,9 +110,11 @@ class Communicator(PointToPoint, CollectiveRouting):
         else:
             algorithm = checks.algorithm(algorithm)
         wire = None if wire_dtype is None else as_c_dtype(wire_dtype)
-        return self.run_in_place(_ALL_REDUCE, tensor, to_c_op(op), 0, algorithm, wire, async_op)
+        # The router's fast way itself: no call in between (each counts at a few microseconds).
+        return self._router.run_in_place(_ALL_REDUCE, tensor, to_c_op(op), 0, algorithm, wire,
+                                         async_op)
 
-    @observe.traced("reduce_scatter")
+    @traced("reduce_scatter")
     def reduce_scatter(self, output, input, op="sum", *, async_op=False, algorithm=None):
         """Reduces ``input`` (world_size x output.numel() elements) over ranks; rank r gets block r.
 
@@ -131,16 +125,12 @@ class Communicator(PointToPoint, CollectiveRouting):
 
             comm.reduce_scatter(out, torch.ones(comm.world_size * out.numel()))
         """
-        out, inp = checks.writable(output, "output"), as_buffer(input, "input")
-        checks.same_kind(out, inp)
-        checks.sizes(inp.numel, out.numel * self.world_size, "input", "world_size x output")
-        checks.aliasing(out, inp, inp.element_address(self.rank * out.numel))
-        request = CollectiveRequest(_Collective.reduce_scatter, out.address, inp.address,
-                                    out.numel, out.c_dtype, to_c_op(op), 0,
-                                    self._algorithm_for("reduce_scatter", algorithm))
-        return self._route(request, out, inp, output, async_op)
+        request, out, inp = reduce_scatter_request(
+            output, input, to_c_op(op), self._algorithm_for("reduce_scatter", algorithm),
+            self.rank, self.world_size)
+        return self._router.route(request, out, inp, output, async_op)
 
-    @observe.traced("all_gather")
+    @traced("all_gather")
     def all_gather(self, output, input, *, async_op=False, algorithm=None):
         """Concatenates every rank's ``input`` into ``output`` (world_size x input.numel()).
 
@@ -151,14 +141,10 @@ class Communicator(PointToPoint, CollectiveRouting):
 
             comm.all_gather(torch.empty(comm.world_size * 4), torch.full((4,), comm.rank))
         """
-        out, inp = checks.writable(output, "output"), as_buffer(input, "input")
-        checks.same_kind(out, inp)
-        checks.sizes(out.numel, inp.numel * self.world_size, "output", "world_size x input")
-        checks.aliasing(out, inp, out.element_address(self.rank * inp.numel), inp_inside_out=True)
-        request = CollectiveRequest(_Collective.all_gather, out.address, inp.address, inp.numel,
-                                    out.c_dtype, _SUM, 0,
-                                    self._algorithm_for("all_gather", algorithm))
-        return self._route(request, out, inp, output, async_op)
+        request, out, inp = all_gather_request(
+            output, input, self._algorithm_for("all_gather", algorithm), self.rank,
+            self.world_size)
+        return self._router.route(request, out, inp, output, async_op)
 
     def broadcast(self, tensor, src=0, *, async_op=False):
         """Copies rank ``src``'s ``tensor`` into ``tensor`` on every rank.
@@ -168,9 +154,9 @@ class Communicator(PointToPoint, CollectiveRouting):
             comm.broadcast(weights, src=0)
         """
         checks.root(src, "src", self.world_size)
-        return self.run_in_place(_BROADCAST, tensor, _SUM, src, _RING, None, async_op)
+        return self._router.run_in_place(_BROADCAST, tensor, _SUM, src, _RING, None, async_op)
 
-    @observe.traced("reduce")
+    @traced("reduce")
     def reduce(self, tensor, dst=0, op="sum", *, async_op=False):
         """Reduces ``tensor`` over ranks into ``tensor`` on rank ``dst``; others keep theirs.
 
@@ -178,13 +164,10 @@ class Communicator(PointToPoint, CollectiveRouting):
 
             comm.reduce(loss_sum, dst=0)
         """
-        buf = checks.writable(tensor, "tensor")
-        checks.root(dst, "dst", self.world_size)
-        request = CollectiveRequest(_Collective.reduce, buf.address, 0, buf.numel, buf.c_dtype,
-                                    to_c_op(op), dst)
-        return self._route(request, buf, buf, tensor, async_op)
+        request, buf, data = reduce_request(tensor, dst, to_c_op(op), self.world_size)
+        return self._router.route(request, buf, data, tensor, async_op)
 
-    @observe.traced("gather")
+    @traced("gather")
     def gather(self, output, input, dst=0, *, async_op=False):
         """Concatenates every rank's ``input`` into ``output`` on rank ``dst`` only.
 
@@ -195,22 +178,10 @@ class Communicator(PointToPoint, CollectiveRouting):
             out = torch.empty(comm.world_size * 3) if comm.rank == 0 else None
             comm.gather(out, torch.full((3,), comm.rank), dst=0)
         """
-        inp = as_buffer(input, "input")
-        checks.root(dst, "dst", self.world_size)
-        address = 0
-        if self.rank == dst:
-            if output is None:
-                raise ValueError(f"gather needs an output tensor on dst rank {dst}")
-            out = checks.writable(output, "output")
-            checks.same_kind(out, inp)
-            checks.sizes(out.numel, inp.numel * self.world_size, "output", "world_size x input")
-            checks.aliasing(out, inp, out.element_address(self.rank * inp.numel), inp_inside_out=True)
-            address = out.address
-        request = CollectiveRequest(_Collective.gather, address, inp.address, inp.numel,
-                                    inp.c_dtype, _SUM, dst)
-        return self._route(request, inp, inp, output, async_op)
+        request, inp, data = gather_request(output, input, dst, self.rank, self.world_size)
+        return self._router.route(request, inp, data, output, async_op)
 
-    @observe.traced("scatter")
+    @traced("scatter")
     def scatter(self, output, input, src=0, *, async_op=False):
         """Rank ``src`` splits ``input`` (world_size x output.numel()) and rank r gets block r.
 
@@ -221,20 +192,8 @@ class Communicator(PointToPoint, CollectiveRouting):
             inp = torch.arange(comm.world_size * 2.0) if comm.rank == 0 else None
             comm.scatter(torch.empty(2), inp, src=0)
         """
-        out = checks.writable(output, "output")
-        checks.root(src, "src", self.world_size)
-        address = 0
-        if self.rank == src:
-            if input is None:
-                raise ValueError(f"scatter needs an input tensor on src rank {src}")
-            inp = as_buffer(input, "input")
-            checks.same_kind(out, inp)
-            checks.sizes(inp.numel, out.numel * self.world_size, "input", "world_size x output")
-            checks.aliasing(out, inp, inp.element_address(self.rank * out.numel))
-            address = inp.address
-        request = CollectiveRequest(_Collective.scatter, out.address, address, out.numel,
-                                    out.c_dtype, _SUM, src)
-        return self._route(request, out, inp if self.rank == src else None, output, async_op)
+        request, out, inp = scatter_request(output, input, src, self.rank, self.world_size)
+        return self._router.route(request, out, inp, output, async_op)
 
     def run_in_place(self, collective, array, op=_SUM, root=0, algorithm=_RING, wire_dtype=None,
                      async_op=False):
@@ -242,49 +201,16 @@ class Communicator(PointToPoint, CollectiveRouting):
         on ``array``, its other arguments as raw as the C++ core takes them (``_C`` enums, the
         root's rank); returns ``array``, or a Work with ``async_op``. What :meth:`all_reduce`
         and :meth:`broadcast` run once they have read their keywords, and what the torch
-        backend calls.
+        backend calls: the fast way of small calls (:meth:`ringcomm.routing.Router.run_in_place`
+        says how)."""
+        return self._router.run_in_place(collective, array, op, root, algorithm, wire_dtype,
+                                         async_op)
 
-        The hot path is :meth:`try_run_now`'s, inlined: a contiguous, writable CPU torch tensor
-        or numpy array of a supported dtype, when nothing more is asked of the call, goes to the
-        ring at once, its address, count and dtype read straight into the ring's positional
-        arguments (a request object, a Buffer or one more call would each cost a tenth of such
-        a call or more). Anything else, or what the hot path declines, is checked and routed
-        as every collective is, its request built once."""
-        if (observe.tracing or _torch_profiler._is_profiler_enabled) and observe.wanted():
-            name = "all_reduce" if collective == _ALL_REDUCE else "broadcast"
-            arguments = (collective, array, op, root, algorithm, wire_dtype, async_op)
-            return observe.run(name, Communicator.run_in_place, self, arguments, {})
-        if not (async_op or self.debug or self.check_finite):
-            address = 0  # stays 0 unless `array` is plain CPU memory the ring can take as it is
-            if isinstance(array, torch.Tensor):
-                dtype = TORCH_C_DTYPES.get(array.dtype)
-                if dtype is not None and array.is_cpu and array.is_contiguous():
-                    address, count = array.data_ptr(), array.numel()
-            elif isinstance(array, np.ndarray):
-                dtype, flags = NUMPY_C_DTYPES.get(array.dtype), array.flags
-                if dtype is not None and flags.c_contiguous and flags.writeable:
-                    address, count = array.ctypes.data, array.size
-            if address:
-                self._lock.acquire()  # not `with`, which costs twice as much
-                try:
-                    comm = self._cpu
-                    if comm is not None and (self._queue.last is None or on_worker()):
-                        comm.run(collective, address, 0, count, dtype, op, root, algorithm,
-                                 wire_dtype, 0)
-                        return array
-                finally:
-                    self._lock.release()
-        buf = checks.writable(array, "tensor")
-        if wire_dtype == buf.c_dtype:
-            wire_dtype = None
-        request = CollectiveRequest(collective, buf.address, 0, buf.numel, buf.c_dtype, op,
-                                    root, algorithm, wire_dtype)
-        if collective == _BROADCAST:
-            checks.root(root, "src", self.world_size)
-            data = buf if self.rank == root else None
-        else:
-            data = buf
-        return self._route(request, buf, data, array, async_op)
+    def try_run_now(self, request):
+        """Runs a :class:`ringcomm.request.CollectiveRequest` on the CPU ring at once, on the
+        calling thread, when nothing more is asked of the call, and returns True; else returns
+        False, having done nothing (:meth:`ringcomm.routing.Router.try_run_now` says when)."""
+        return self._router.try_run_now(request)
 
     def default_algorithm(self, collective):
         """The _C.Algorithm ``collective`` (a name) runs when the call names none: the
@@ -292,11 +218,95 @@ class Communicator(PointToPoint, CollectiveRouting):
         every collective without ``algorithm=`` runs)."""
         return self._default_algorithms.get(collective, _RING)
 
+    # -- point-to-point ------------------------------------------------------------------------
+
+    @traced("send")
+    def send(self, tensor, dst, tag=0):
+        """Sends ``tensor`` to rank ``dst``; returns once it is handed over (it may not have been
+        received yet). Messages between two ranks are matched in order: the receiving rank's
+        :meth:`recv` must name this rank, the same tag and the same element count and dtype, or it
+        raises MismatchError.
+
+        On CUDA tensors the call is ordered on the current stream and returns without waiting;
+        as with NCCL, a send completes only together with its matching recv (two ranks that both
+        send first wait for each other until the timeout: exchange with
+        :meth:`batch_isend_irecv`), and NCCL messages carry no header:
+        a tag is not checked, and a size that differs from the receive's is undefined on NCCL (it
+        may hang until the timeout). With ``debug=True`` every
+        CUDA send first sends its tag, count and dtype over the CPU links, and the receive
+        raises MismatchError at once when they differ from its own.
+        The first CUDA call of a communicator, a send included, sets up its NCCL communicator
+        with every rank: all ranks must make a CUDA call.
+
+        Example::
+
+            if comm.rank == 0:
+                comm.send(torch.arange(4.0), dst=1, tag=7)
+            elif comm.rank == 1:
+                comm.recv(buf, src=0, tag=7)
+        """
+        return self._p2p.send(tensor, dst, tag)
+
+    @traced("recv")
+    def recv(self, tensor, src, tag=0):
+        """Receives into ``tensor`` the next message rank ``src`` sent this rank (see :meth:`send`)."""
+        return self._p2p.recv(tensor, src, tag)
+
+    @traced("recv_any")
+    def recv_any(self, tensor, tag=0):
+        """Receives into ``tensor`` the next message any rank sent this rank with ``tag``, and
+        returns the sender's rank (``torch.distributed.recv`` without ``src``). Ranks are looked
+        at in turn, so a steady sender does not starve the others. CPU only: on CUDA, as on
+        NCCL, the sender must be named.
+
+        Example::
+
+            src = comm.recv_any(buf, tag=7)
+        """
+        return self._p2p.recv_any(tensor, tag)
+
+    @traced("batch_isend_irecv")
+    def batch_isend_irecv(self, ops):
+        """Runs sends and receives, to and from any ranks, as one unit: ``ops`` is a list of
+        :class:`ringcomm.P2POp` (or ``(op, tensor, peer[, tag])`` tuples), all on one device.
+        No order of them on any rank waits for another: two ranks may both list their send
+        first. Messages between two ranks still match in order, as :meth:`send` and
+        :meth:`recv` do (batched or not, the k-th message rank a sends rank b meets b's k-th
+        receive from a, with the same tag and size). A receive's tensor must not overlap any
+        other tensor of the batch.
+
+        On CUDA tensors the batch is one NCCL group, ordered on the current stream, and the
+        call returns without waiting (as ``torch.distributed.batch_isend_irecv`` on NCCL): a
+        send and its receive must be in one group, or they can wait for each other for ever.
+        On CPU tensors it returns once every message has moved.
+
+        Example::
+
+            n = comm.world_size
+            comm.batch_isend_irecv([ringcomm.P2POp("send", out, (comm.rank + 1) % n),
+                                    ringcomm.P2POp("recv", got, (comm.rank - 1) % n)])
+        """
+        return self._p2p.batch_isend_irecv(ops)
+
+    @traced("all_to_all")
+    def all_to_all(self, output, input, output_split_sizes=None, input_split_sizes=None):
+        """Rank r sends block p of ``input`` to rank p and receives block r of every rank's input
+        into ``output``, blocks in rank order (``torch.distributed.all_to_all_single``). Split sizes
+        count rows along dim 0; None splits evenly. What rank p sends rank r must match what rank r
+        expects from p, or every rank raises MismatchError.
+
+        Example::
+
+            out = torch.empty(4 * comm.world_size)
+            comm.all_to_all(out, torch.arange(4.0 * comm.world_size) + 100 * comm.rank)
+        """
+        return self._p2p.all_to_all(output, input, output_split_sizes, input_split_sizes)
+
     # -- traffic -------------------------------------------------------------------------------
 
     def stats(self):
         """What this rank's transports moved and how long they waited, as they counted it
-        (a :class:`ringcomm.stats.CommStats`): bytes and messages sent to and received from each
+        (a :class:`ringcomm.CommStats`): bytes and messages sent to and received from each
         peer, collectives run, waits. Summed over the devices this communicator has used.
 
         Example::
@@ -305,45 +315,44 @@ class Communicator(PointToPoint, CollectiveRouting):
             comm.all_reduce(t)
             print(comm.stats().total_sent)    # 2 (N - 1) / N of t's bytes on the ring
         """
-        self._queue.wait_for_queued(self.abort)
-        total = CommStats()
-        with self._lock:
-            for key, comm in self._backends.items():
-                total = total + from_traffic(comm.traffic(), self._stats_base.get(key, 0))
-        return total
+        return self._router.stats()
 
-    def flight_record(self):
+    def reset_stats(self):
+        """Starts the counts of :meth:`stats` again from zero."""
+        self._router.reset_stats()
+
+    def flight_record(self, newest=None):
         """This rank's last calls, oldest first, per backend: dicts with ``backend``, ``call``
         (their order), ``name``, ``sequence`` (a collective's number: ranks' records line up
         by it), ``state`` (running, completed, failed), ``step`` and ``steps`` (the plan step
         reached), ``started``/``ended`` (Unix seconds) and ``failure``. ``trace_buffer`` calls
-        are kept; readable at any time, also after a failure. Each also has ``dtype``,
-        ``count`` (elements per rank), ``op``, ``algorithm`` and ``peer`` (point-to-point's
-        other rank, a rooted collective's root), None where they do not apply. Asynchronous
-        CPU calls still waiting for their turn come last, as ``state`` "queued"."""
-        return [dict(entry, backend=f"{device}" + (f":{index}" if index >= 0 else ""))
-                for (device, index), comm in list(self._backends.items())
-                for entry in comm.flight_record()] + flight_record.queued(self._queue)
+        are kept (``newest``: at most that many of each backend's); readable at any time, also
+        after a failure. Each also has ``dtype``, ``count`` (elements per rank), ``op``,
+        ``algorithm`` and ``peer`` (point-to-point's other rank, a rooted collective's root),
+        None where they do not apply. Asynchronous CPU calls still waiting for their turn come
+        last, as ``state`` "queued"."""
+        return self._router.flight_record(newest)
 
     def write_flight_record(self, directory=None):
         """Writes :meth:`flight_record` as this rank's file in `directory` (default: the
-        ``trace_dir`` option), in the format :mod:`ringcomm.flight_record` gives and
+        ``trace_dir`` option), in the format :mod:`ringcomm.observe.flight_record` gives and
         ``python -m ringcomm.trace`` reads; returns its path."""
-        return flight_record.write(self, "asked", directory)
-
-    def reset_stats(self):
-        """Starts the counts of :meth:`stats` again from zero."""
-        self._queue.wait_for_queued(self.abort)
-        with self._lock:
-            for key, comm in self._backends.items():
-                comm.reset_traffic()
-                self._stats_base[key] = comm.traffic()["collectives"]
+        return self._recorder.write(self.flight_record(), "asked", directory)
 
     # -- life cycle ----------------------------------------------------------------------------
 
+    def submit(self, call, result=None, name="a call"):
+        """Queues ``call()`` on this communicator's worker thread, after every asynchronous
+        CPU call made before it, and returns at once a ``torch.futures.Future`` that holds
+        ``result`` once it has run (or its exception). Collectives that ``call`` makes run at
+        once, in its place in the queue; a synchronous call made meanwhile waits for it.
+        ``name``: what :meth:`flight_record` calls it while it waits. The torch backend queues
+        its asynchronous CPU calls so (DDP's buckets)."""
+        return self._router.submit(result, call, name)
+
     @property
     def closed(self):
-        return self._closed
+        return self._router.closed
 
     def abort(self, why="aborted by the caller"):
         """Fails this rank's collectives now, the one running on another thread included, and
@@ -357,27 +366,11 @@ class Communicator(PointToPoint, CollectiveRouting):
             comm.abort("a peer reported bad data")  # every rank's pending call raises
             comm.close()
         """
-        if self._aborted is None:
-            self._aborted = why
-            flight_record.write_or_warn(self, "aborted")
-        # Without the lock: the thread running a collective holds it until the collective ends.
-        for comm in list(self._backends.values()):
-            comm.abort(why)
+        self._router.abort(why)
 
     def close(self):
         """Releases shared memory, device resources and the worker thread; idempotent."""
-        self._queue.close()  # finishes queued async work first
-        if not self._closed:
-            flight_record.write_or_warn(self, "closed")
-        with self._lock:
-            self._closed, self._cpu = True, None
-            if self._links is not None:  # before the ring goes: see shm_links
-                cpu = self._backends.get(("cpu", -1))
-                self._links.close(failed=cpu is None or bool(cpu.failure))
-            for comm in self._backends.values():
-                comm.close()
-            self._backends.clear()
-            self._links = None  # point-to-point links (unmapped with the last reference)
+        self._router.close()
 
     def __enter__(self):
         return self
@@ -386,7 +379,7 @@ class Communicator(PointToPoint, CollectiveRouting):
         self.close()
 
     def __repr__(self):
-        state = "closed" if self._closed else f"{len(self._backends)} backend(s)"
+        state = "closed" if self.closed else f"{self._router.backend_count()} backend(s)"
         return f"ringcomm.Communicator(rank={self.rank}, world_size={self.world_size}, {state})"
 
     # -- helpers -------------------------------------------------------------------------------
@@ -394,3 +387,13 @@ class Communicator(PointToPoint, CollectiveRouting):
     def _algorithm_for(self, collective, name):
         """The _C.Algorithm of a call's algorithm= (None: the communicator's default)."""
         return self._default_algorithms[collective] if name is None else checks.algorithm(name)
+
+
+def init(group=None, timeout=None, **options):
+    """Shorthand for ``ringcomm.Communicator(group, timeout, ...)``.
+
+    Example::
+
+        comm = ringcomm.init(timeout=datetime.timedelta(seconds=60))
+    """
+    return Communicator(group, timeout, **options)

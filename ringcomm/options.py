@@ -4,8 +4,8 @@ Each field comes from the explicit argument, else its environment variable, else
 (some defaults depend on the world size and the host's cores). The resolved options are handed
 to the backends, which pass every value to the C++ core: the table below (``OPTIONS``) is the
 only place a default is written. A size or count of 0 means its default. Nothing reads the
-environment at import time.
-docs/design.md says how slots, slices, waits and thresholds were chosen.
+environment at import time. docs/benchmarks.md ("How the defaults were chosen") says how
+slots, slices, waits and thresholds were chosen.
 
 """
 import dataclasses
@@ -13,8 +13,8 @@ import os
 from typing import Callable, NamedTuple, Optional
 
 from . import _C
-from . import pinning
-from .rendezvous import timeout_seconds
+from .world import pinning
+from .world.rendezvous import timeout_seconds
 
 # Algorithm names, from the C++ table (kAlgorithms in csrc/include/ringcomm/algorithms.h): "ring";
 # "one_shot" (all_reduce, reduce_scatter, all_gather) and "two_shot" (all_reduce) read every

@@ -1,12 +1,14 @@
-"""Point-to-point and all-to-all for Communicator: on CPU over shared-memory peer links set up
-on first use, on CUDA over the ring's NCCL communicator."""
+"""Point-to-point and all-to-all for a Communicator: on CPU over the CPU ring's point-to-point
+links (shared memory inside a host, TCP between hosts) set up on first use; on CUDA over the
+ring's own NCCL communicator, ordered on the caller's stream."""
 import time
 from typing import NamedTuple
 
 import torch
 
-from . import _C, backends, checks, observe
+from . import _C, checks
 from .buffers import as_buffer
+from .transport import backends
 
 _ENVELOPE_TAG = (1 << 30) + 0xE1  # the debug envelopes' tag on the CPU links
 
@@ -22,81 +24,50 @@ class P2POp(NamedTuple):
 
 
 class PointToPoint:
-    """send, recv and all_to_all; mixed into :class:`ringcomm.Communicator`, whose ring, lock,
-    rendezvous and options they use."""
+    """A Communicator's send, recv, recv_any, batch_isend_irecv and all_to_all (documented
+    there), on its `router` (routing.Router): the CPU ring's links, or the device backend."""
 
-    @observe.traced("send")
-    def send(self, tensor, dst, tag=0):
-        """Sends ``tensor`` to rank ``dst``; returns once it is handed over (it may not have been
-        received yet). Messages between two ranks are matched in order: the receiving rank's
-        :meth:`recv` must name this rank, the same tag and the same element count and dtype, or it
-        raises MismatchError.
+    def __init__(self, router, rank, world_size, timeout, debug):
+        self._router = router
+        self.rank, self.world_size, self.timeout, self.debug = rank, world_size, timeout, debug
+        self._any_source_start = 0  # the rank a receive from any source looks at first
 
-        On CUDA tensors the call is ordered on the current stream and returns without waiting;
-        as with NCCL, a send completes only together with its matching recv (two ranks that both
-        send first wait for each other until the timeout: exchange with
-        :meth:`batch_isend_irecv`), and NCCL messages carry no header:
-        a tag is not checked, and a size that differs from the receive's is undefined on NCCL (it
-        may hang until the timeout). With ``debug=True`` every
-        CUDA send first sends its tag, count and dtype over the CPU links, and the receive
-        raises MismatchError at once when they differ from its own.
-        The first CUDA call of a communicator, a send included, sets up its NCCL communicator
-        with every rank: all ranks must make a CUDA call.
-
-        Example::
-
-            if comm.rank == 0:
-                comm.send(torch.arange(4.0), dst=1, tag=7)
-            elif comm.rank == 1:
-                comm.recv(buf, src=0, tag=7)
-        """
+    def send(self, tensor, dst, tag):
         buf = as_buffer(tensor, "tensor")
         self._peer(dst, "dst")
-        if self._on_ring(buf):
+        if _on_ring(buf):
             if self.debug:
                 self._debug_envelope("send", dst, buf, tag)
-            self._call_on_device(buf, lambda comm, stream: comm.send(
+            self._router.call_on_device(buf, lambda comm, stream: comm.send(
                 buf.address, buf.numel, buf.c_dtype, dst, int(tag), stream))
             return tensor
-        comm, links = self._peer_links()
+        comm, links = self._router.peer_links()
         links.to(dst)
         comm.send(buf.address, buf.numel, buf.c_dtype, dst, int(tag))
         return tensor
 
-    @observe.traced("recv")
-    def recv(self, tensor, src, tag=0):
-        """Receives into ``tensor`` the next message rank ``src`` sent this rank (see :meth:`send`)."""
+    def recv(self, tensor, src, tag):
         buf = checks.writable(tensor, "tensor")
         self._peer(src, "src")
-        if self._on_ring(buf):
+        if _on_ring(buf):
             if self.debug:
                 self._debug_envelope("recv", src, buf, tag)
-            self._call_on_device(buf, lambda comm, stream: comm.recv(
+            self._router.call_on_device(buf, lambda comm, stream: comm.recv(
                 buf.address, buf.numel, buf.c_dtype, src, int(tag), stream))
             return tensor
-        comm, links = self._peer_links()
+        comm, links = self._router.peer_links()
         links.from_(src)
         comm.recv(buf.address, buf.numel, buf.c_dtype, src, int(tag))
         return tensor
 
-    @observe.traced("recv_any")
-    def recv_any(self, tensor, tag=0):
-        """Receives into ``tensor`` the next message any rank sent this rank with ``tag``, and
-        returns the sender's rank (``torch.distributed.recv`` without ``src``). Ranks are looked
-        at in turn, so a steady sender does not starve the others. CPU only: on CUDA, as on
-        NCCL, the sender must be named.
-
-        Example::
-
-            src = comm.recv_any(buf, tag=7)
-        """
+    def recv_any(self, tensor, tag):
         buf = checks.writable(tensor, "tensor")
-        if self._on_ring(buf):
+        if _on_ring(buf):
             raise NotImplementedError("recv from any source is not supported on CUDA tensors "
                                       "(NCCL needs the sending rank): name src")
         if self.world_size == 1:
             raise ValueError("recv from any source: this communicator has no other rank")
-        comm, links = self._peer_links()
+        comm, links = self._router.peer_links()
         deadline = time.monotonic() + self.timeout
         pause, start = 0.0, self._any_source_start
         while True:
@@ -113,29 +84,7 @@ class PointToPoint:
             time.sleep(pause)  # the first passes only yield; then up to 1 ms between looks
             pause = min(1e-3, pause * 2 or 1e-5)
 
-    _any_source_start = 0  # the rank a receive from any source looks at first
-
-    @observe.traced("batch_isend_irecv")
     def batch_isend_irecv(self, ops):
-        """Runs sends and receives, to and from any ranks, as one unit: ``ops`` is a list of
-        :class:`ringcomm.P2POp` (or ``(op, tensor, peer[, tag])`` tuples), all on one device.
-        No order of them on any rank waits for another: two ranks may both list their send
-        first. Messages between two ranks still match in order, as :meth:`send` and
-        :meth:`recv` do (batched or not, the k-th message rank a sends rank b meets b's k-th
-        receive from a, with the same tag and size). A receive's tensor must not overlap any
-        other tensor of the batch.
-
-        On CUDA tensors the batch is one NCCL group, ordered on the current stream, and the
-        call returns without waiting (as ``torch.distributed.batch_isend_irecv`` on NCCL): a
-        send and its receive must be in one group, or they can wait for each other for ever.
-        On CPU tensors it returns once every message has moved.
-
-        Example::
-
-            n = comm.world_size
-            comm.batch_isend_irecv([ringcomm.P2POp("send", out, (comm.rank + 1) % n),
-                                    ringcomm.P2POp("recv", got, (comm.rank - 1) % n)])
-        """
         entries = []  # (is_send, Buffer, peer, tag)
         for i, op in enumerate(ops):
             try:
@@ -158,43 +107,35 @@ class PointToPoint:
         fields = [(send, buf.address, buf.numel, buf.c_dtype, peer, tag)
                   for send, buf, peer, tag in entries]
         first = entries[0][1]
-        if self._on_ring(first):  # one NCCL group, ordered on the current stream
+        if _on_ring(first):  # one NCCL group, ordered on the current stream
             if self.debug:
                 self._debug_envelopes(entries)
-            self._call_on_device(first, lambda comm, stream: comm.send_recv_batch(fields, stream))
+            self._router.call_on_device(first, lambda comm, stream: comm.send_recv_batch(
+                fields, stream))
             return
         self._batch_links(entries).send_recv_batch(fields)
 
-    @observe.traced("all_to_all")
-    def all_to_all(self, output, input, output_split_sizes=None, input_split_sizes=None):
-        """Rank r sends block p of ``input`` to rank p and receives block r of every rank's input
-        into ``output``, blocks in rank order (``torch.distributed.all_to_all_single``). Split sizes
-        count rows along dim 0; None splits evenly. What rank p sends rank r must match what rank r
-        expects from p, or every rank raises MismatchError.
-
-        Example::
-
-            out = torch.empty(4 * comm.world_size)
-            comm.all_to_all(out, torch.arange(4.0 * comm.world_size) + 100 * comm.rank)
-        """
+    def all_to_all(self, output, input, output_split_sizes, input_split_sizes):
         out, inp = checks.writable(output, "output"), as_buffer(input, "input")
         checks.same_kind(out, inp)
         if out.overlaps(inp):
             raise ValueError("all_to_all: input and output must not overlap")
         send_counts = _split_counts(inp, input_split_sizes, self.world_size, "input")
         recv_counts = _split_counts(out, output_split_sizes, self.world_size, "output")
-        if self._on_ring(out):  # every step one NCCL group, ordered on the current stream
-            self._call_on_device(out, lambda comm, stream: comm.all_to_all(
+        if _on_ring(out):  # every step one NCCL group, ordered on the current stream
+            self._router.call_on_device(out, lambda comm, stream: comm.all_to_all(
                 out.address, inp.address, send_counts, recv_counts, out.c_dtype, stream))
             return output
-        comm, links = self._peer_links() if self.world_size > 1 else (self._communicator_for("cpu", -1), None)
-        if links is not None:
+        if self.world_size > 1:
+            comm, links = self._router.peer_links()
             for peer in range(self.world_size):
                 if peer != self.rank:
                     links.to(peer)
             for peer in range(self.world_size):
                 if peer != self.rank:
                     links.from_(peer)
+        else:
+            comm = self._router.communicator_for("cpu", -1)
         comm.all_to_all(out.address, inp.address, send_counts, recv_counts, out.c_dtype)
         return output
 
@@ -224,31 +165,11 @@ class PointToPoint:
                                        f"{describe(*theirs.tolist())}, rank {self.rank} expected "
                                        f"{describe(*mine)}")
 
-    def _on_ring(self, buf):
-        """Whether point-to-point on this buffer's device goes over the ring's own communicator
-        (NCCL) rather than the CPU's point-to-point links."""
-        return backends.for_device(buf.device).p2p_on_ring
-
-    def _peer_links(self):
-        """The CPU ring's communicator, with its point-to-point links (ringcomm.links.Links):
-        the ones it made at set-up (across hosts), else made now."""
-        with self._lock:
-            comm = self._communicator_for("cpu", -1)
-            links = self._links
-            if links is None:
-                from .links import Links
-
-                links = getattr(comm, "peer_links", None) or Links(
-                    self._rendezvous, self.options, None, "p2p")
-                comm.set_peer_links(links.transport)
-                self._links = links
-            return comm, links
-
     def _batch_links(self, entries):
         """The CPU ring's communicator, with the links a batch of (is_send, _, peer, _) entries
         uses set up: the outgoing ones first, since creating one never waits and attaching one
         waits for its peer to have created it."""
-        comm, links = self._peer_links()
+        comm, links = self._router.peer_links()
         for send, _, peer, _ in entries:
             if send:
                 links.to(peer)
@@ -262,6 +183,12 @@ class PointToPoint:
         if peer == self.rank:
             raise ValueError(f"{name}={peer} is this rank: a rank cannot send to or receive from "
                              "itself")
+
+
+def _on_ring(buf):
+    """Whether point-to-point on this buffer's device goes over the ring's own communicator
+    (NCCL) rather than the CPU's point-to-point links."""
+    return backends.for_device(buf.device).p2p_on_ring
 
 
 def _split_counts(buf, splits, world_size, what):

@@ -1,10 +1,14 @@
 """One collective call as the C++ core takes it: a :class:`CollectiveRequest` is built once per
-checked call and carried as it is from the collective method to the ring."""
+checked call, from the call's arguments once they are checked (the ``*_request`` functions of
+the collectives that do not run in place), and carried as it is from the collective method to
+the ring."""
 from typing import NamedTuple, Optional
 
-from . import _C
+from . import _C, checks
+from .buffers import as_buffer
 
 _SUM, _RING, _FLOAT32 = _C.RedOp.sum, _C.Algorithm.ring, _C.DataType.float32
+_Collective = _C.Collective
 
 
 class CollectiveRequest(NamedTuple):
@@ -35,3 +39,66 @@ class CollectiveRequest(NamedTuple):
     def to_c(self, stream=0):
         """The ``_C.CollectiveRequest`` to run on `stream` (an integer; 0 on the CPU)."""
         return _C.CollectiveRequest(*self, stream)
+
+
+# Each returns the request and the Buffers the router takes: the one whose device runs it, then
+# this rank's input (None: it has none). Arguments are checked first, so a bad call raises
+# before any rank sends anything.
+
+def reduce_scatter_request(output, input, op, algorithm, rank, world_size):
+    out, inp = checks.writable(output, "output"), as_buffer(input, "input")
+    checks.same_kind(out, inp)
+    checks.sizes(inp.numel, out.numel * world_size, "input", "world_size x output")
+    checks.aliasing(out, inp, inp.element_address(rank * out.numel))
+    return CollectiveRequest(_Collective.reduce_scatter, out.address, inp.address, out.numel,
+                             out.c_dtype, op, 0, algorithm), out, inp
+
+
+def all_gather_request(output, input, algorithm, rank, world_size):
+    out, inp = checks.writable(output, "output"), as_buffer(input, "input")
+    checks.same_kind(out, inp)
+    checks.sizes(out.numel, inp.numel * world_size, "output", "world_size x input")
+    checks.aliasing(out, inp, out.element_address(rank * inp.numel), inp_inside_out=True)
+    return CollectiveRequest(_Collective.all_gather, out.address, inp.address, inp.numel,
+                             out.c_dtype, _SUM, 0, algorithm), out, inp
+
+
+def reduce_request(tensor, dst, op, world_size):
+    buf = checks.writable(tensor, "tensor")
+    checks.root(dst, "dst", world_size)
+    return CollectiveRequest(_Collective.reduce, buf.address, 0, buf.numel, buf.c_dtype, op,
+                             dst), buf, buf
+
+
+def gather_request(output, input, dst, rank, world_size):
+    """`output` is used on rank `dst` only."""
+    inp = as_buffer(input, "input")
+    checks.root(dst, "dst", world_size)
+    address = 0
+    if rank == dst:
+        if output is None:
+            raise ValueError(f"gather needs an output tensor on dst rank {dst}")
+        out = checks.writable(output, "output")
+        checks.same_kind(out, inp)
+        checks.sizes(out.numel, inp.numel * world_size, "output", "world_size x input")
+        checks.aliasing(out, inp, out.element_address(rank * inp.numel), inp_inside_out=True)
+        address = out.address
+    return CollectiveRequest(_Collective.gather, address, inp.address, inp.numel, inp.c_dtype,
+                             _SUM, dst), inp, inp
+
+
+def scatter_request(output, input, src, rank, world_size):
+    """`input` is used on rank `src` only."""
+    out = checks.writable(output, "output")
+    checks.root(src, "src", world_size)
+    inp, address = None, 0
+    if rank == src:
+        if input is None:
+            raise ValueError(f"scatter needs an input tensor on src rank {src}")
+        inp = as_buffer(input, "input")
+        checks.same_kind(out, inp)
+        checks.sizes(inp.numel, out.numel * world_size, "input", "world_size x output")
+        checks.aliasing(out, inp, inp.element_address(rank * out.numel))
+        address = inp.address
+    return CollectiveRequest(_Collective.scatter, out.address, address, out.numel, out.c_dtype,
+                             _SUM, src), out, inp

@@ -8,7 +8,7 @@ skipped collective timing out), then point-to-point and the one-hop algorithms, 
 bandwidth, the remaining GPU tests, world 4 and the kernels under compute-sanitizer.
 
 Limits come from costs: starting the ranks costs LAUNCH_S whatever they run, so each multi-rank
-stage runs its tests in ONE launch (tests/shared_launch.py), and its limit is pytest's start +
+stage runs its tests in ONE launch (tests/support/shared_launch.py), and its limit is pytest's start +
 its launches x LAUNCH_S + its tests' costs + the report. The per-test costs are estimates; each
 test stage's launches.jsonl in the bundle records what every launch and check took. Mandatory
 stages fit the time limit together; optional ones run only when their whole limit still fits.
@@ -217,7 +217,7 @@ def junit_counts(path):
     cases = list(root.iter("testcase"))
     counts["failed"] = [f"{c.get('classname')}::{c.get('name')}" for c in cases
                         if c.find("failure") is not None or c.find("error") is not None]
-    # Skipped because their shared launch ran out of time (tests/shared_launch.py): not passed.
+    # Skipped because their shared launch ran out of time (tests/support/shared_launch.py): not passed.
     counts["cut_short"] = [f"{c.get('classname')}::{c.get('name')}" for c in cases
                            for skip in c.findall("skipped")
                            if "cut short:" in (skip.get("message") or "")]

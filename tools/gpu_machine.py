@@ -94,7 +94,8 @@ def imports(stages, machine, root):
             scripts += sorted({str(Path(s).parent / "conftest.py") for s in scripts})
         scripts = [root / s for s in dict.fromkeys(scripts) if (root / s).exists()]
         # The stages' sys.path: the script's folder, the repo, tests/ and bench/.
-        folders = [str(s.parent) for s in scripts] + [str(root / d) for d in ("", "tests", "bench")]
+        folders = [str(s.parent) for s in scripts] + [
+            str(root / d) for d in ("", "tests", "tests/support", "bench")]
         for script in scripts:
             finder = modulefinder.ModuleFinder(path=list(dict.fromkeys(folders)))
             finder.run_script(str(script))

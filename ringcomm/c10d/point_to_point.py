@@ -1,6 +1,6 @@
-"""Point-to-point and all-to-all of the torch backend (mixed into ProcessGroupRingcomm): on CPU
-over the communicator's links, each direction on its own thread; on CUDA over the ring's
-communicator, ordered on the current stream, a batch_isend_irecv list as one group."""
+"""Point-to-point and all-to-all of the torch backend (ProcessGroupRingcomm's): on CPU over the
+communicator's links, each direction on its own thread; on CUDA over the ring's communicator,
+ordered on the current stream, a batch_isend_irecv list as one group."""
 import contextlib
 import inspect
 import sys
@@ -9,10 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.distributed as dist
 
-from . import backends, observe, waiting
-from .point_to_point import P2POp
-from .torch_tensors import Contiguous, concatenated, unflatten_into
-from .torch_work import FutureWork, finish
+from .. import waiting
+from ..point_to_point import P2POp
+from ..transport import backends
+from .tensors import Contiguous, concatenated, unflatten_into
+from .work import FutureWork, finish
 
 
 def _on_ring(tensor):
@@ -77,19 +78,21 @@ class _RingBatch:
 
 
 class TorchPointToPoint:
-    """send, recv, recv_anysource and all-to-all of :class:`ProcessGroupRingcomm`, on its
-    ``communicator``; ``_p2p_threads``, ``_p2p_last`` and ``_batch`` are set up by its
-    constructor."""
+    """send, recv, recv_anysource and all-to-all of a :class:`ProcessGroupRingcomm`, which
+    delegates them here, on its `communicator`.
 
-    # CPU: a send returns once its message is handed over, but a large one waits for the
-    # receiver to drain it: isend and irecv run on one thread each, so `isend; irecv; wait`
-    # works both ways.
-    # CUDA, as with NCCL: a send completes only together with its matching recv, and sends and
-    # receives in separate NCCL groups pair in order, so two ranks that both send first wait for
-    # each other (at their first exchange, which connects, and for large messages). Exchange
-    # with dist.batch_isend_irecv: its sends and receives go out as one NCCL group.
+    CPU: a send returns once its message is handed over, but a large one waits for the receiver
+    to drain it: isend and irecv run on one thread each, so `isend; irecv; wait` works both
+    ways. CUDA, as with NCCL: a send completes only together with its matching recv, and sends
+    and receives in separate NCCL groups pair in order, so two ranks that both send first wait
+    for each other (at their first exchange, which connects, and for large messages). Exchange
+    with dist.batch_isend_irecv: its sends and receives go out as one NCCL group."""
 
-    @observe.traced("send")
+    def __init__(self, communicator):
+        self.communicator = communicator
+        self._p2p_threads, self._p2p_last = None, {}
+        self._batch = None  # a batch_isend_irecv's operations on the ring, until its last one
+
     def send(self, tensors, dst, tag):
         (tensor,) = tensors
         if _on_ring(tensor):
@@ -97,7 +100,6 @@ class TorchPointToPoint:
         return self._p2p("send", lambda: self.communicator.send(tensor.contiguous(), dst, tag),
                          tensors)
 
-    @observe.traced("recv")
     def recv(self, tensors, src, tag):
         (tensor,) = tensors
         if _on_ring(tensor):
@@ -109,7 +111,6 @@ class TorchPointToPoint:
 
         return self._p2p("recv", receive, tensors)
 
-    @observe.traced("recv_any")
     def recv_anysource(self, tensors, tag):
         (tensor,) = tensors
         if _on_ring(tensor):  # as NCCL's backend: its messages carry no sender to match on
@@ -123,7 +124,6 @@ class TorchPointToPoint:
 
         return self._p2p("recv", receive, tensors, source)
 
-    @observe.traced("all_to_all")
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         self._drain_p2p()  # all-to-all shares the point-to-point links: keep their order
         with Contiguous(output) as out:
@@ -131,9 +131,6 @@ class TorchPointToPoint:
                                          input_split_sizes)
         return finish(opts, [output])
 
-    alltoall_base = all_to_all_single
-
-    @observe.traced("all_to_all")
     def alltoall(self, outputs, inputs, opts=None):
         self._drain_p2p()
         flat_in = concatenated(inputs)
@@ -142,6 +139,10 @@ class TorchPointToPoint:
                                      [t.numel() for t in inputs])
         unflatten_into(flat_out, outputs)
         return finish(opts, outputs)
+
+    def shutdown(self):
+        for pool in (self._p2p_threads or {}).values():
+            pool.shutdown(wait=True)
 
     def _ring_p2p(self, kind, tensors, peer, tag):
         """A send or receive over the ring's communicator (NCCL), ordered on the current stream

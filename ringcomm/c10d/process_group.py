@@ -12,21 +12,22 @@ queued in call order on the communicator's worker thread and return at once, so 
 the backward pass with the buckets' all_reduce as it does on gloo; a synchronous call waits for
 the queued ones first. CUDA calls are ordered on the current stream instead.
 
-Under torch.compile the methods run as plain Python, never traced (see `_outside_dynamo`).
+Under torch.compile the methods run as plain Python, never traced (see `dynamo.outside_dynamo`).
 """
-import inspect
-
 import torch
 import torch.distributed as dist
 from torch.autograd import profiler as _torch_profiler
 
-from . import _C, observe
-from .communicator import Communicator
-from .ops import to_c_op
-from .rendezvous import Rendezvous
-from .torch_point_to_point import TorchPointToPoint
-from .torch_tensors import Contiguous, concatenated, unflatten_into
-from .torch_work import CudaWork, FutureWork, completed, finish
+from .. import _C
+from ..communicator import Communicator
+from ..observe import calls, log
+from ..observe.calls import traced
+from ..ops import to_c_op
+from ..world.rendezvous import Rendezvous
+from .dynamo import outside_dynamo
+from .point_to_point import TorchPointToPoint
+from .tensors import Contiguous, concatenated, unflatten_into
+from .work import CudaWork, FutureWork, completed, finish
 
 NAME = "ringcomm"
 _ALL_REDUCE, _BROADCAST = _C.Collective.all_reduce, _C.Collective.broadcast
@@ -63,7 +64,7 @@ def _shared_ops():
 _C_OPS = _shared_ops()
 
 
-class ProcessGroupRingcomm(TorchPointToPoint, dist.ProcessGroup):
+class ProcessGroupRingcomm(dist.ProcessGroup):
     """A torch.distributed process group whose collectives run on a ringcomm Communicator.
 
     Built by torch for ``init_process_group("ringcomm")`` / ``new_group(backend="ringcomm")``;
@@ -83,8 +84,7 @@ class ProcessGroupRingcomm(TorchPointToPoint, dist.ProcessGroup):
         self._all_reduce_algorithm = self.communicator.default_algorithm("all_reduce")
         self._rank, self._world_size = rank, world_size
         self._group_name = self._group_desc = ""
-        self._p2p_threads, self._p2p_last = None, {}
-        self._batch = None  # a batch_isend_irecv's operations on the ring, until its last one
+        self._p2p = TorchPointToPoint(communicator)
 
     # -- identity (FSDP2 and torch's group registry use these) ---------------------------------
 
@@ -109,8 +109,7 @@ class ProcessGroupRingcomm(TorchPointToPoint, dist.ProcessGroup):
         self.communicator.close()
 
     def shutdown(self):
-        for pool in (self._p2p_threads or {}).values():
-            pool.shutdown(wait=True)
+        self._p2p.shutdown()
         self.communicator.close()
 
     # -- collectives ---------------------------------------------------------------------------
@@ -118,10 +117,10 @@ class ProcessGroupRingcomm(TorchPointToPoint, dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         # The hot path (a contiguous CPU tensor of a supported dtype) goes straight into the
         # C++ ring, unless the communicator's options ask for more; the rest takes the checked
-        # route (Communicator.run_in_place). Observed as observe.traced would, inline.
-        if (observe.tracing or _torch_profiler._is_profiler_enabled) and observe.wanted():
-            return observe.run("all_reduce", ProcessGroupRingcomm.allreduce, self,
-                               (tensors, opts), {})
+        # route (Communicator.run_in_place). Observed as calls.traced would, inline.
+        if (log.tracing or _torch_profiler._is_profiler_enabled) and calls.wanted():
+            return calls.run("all_reduce", ProcessGroupRingcomm.allreduce, self,
+                             (tensors, opts), {})
         op = _op(opts, "all_reduce")
         comm, algorithm = self.communicator, self._all_reduce_algorithm
 
@@ -139,9 +138,9 @@ class ProcessGroupRingcomm(TorchPointToPoint, dist.ProcessGroup):
         return self.allreduce(tensors, opts)
 
     def broadcast(self, tensors, opts=None):
-        if (observe.tracing or _torch_profiler._is_profiler_enabled) and observe.wanted():
-            return observe.run("broadcast", ProcessGroupRingcomm.broadcast, self,
-                               (tensors, opts), {})
+        if (log.tracing or _torch_profiler._is_profiler_enabled) and calls.wanted():
+            return calls.run("broadcast", ProcessGroupRingcomm.broadcast, self,
+                             (tensors, opts), {})
         root = opts.rootRank if opts is not None else 0
         comm = self.communicator
 
@@ -155,7 +154,7 @@ class ProcessGroupRingcomm(TorchPointToPoint, dist.ProcessGroup):
 
         return self._collective(opts, tensors, body)
 
-    @observe.traced("reduce")
+    @traced("reduce")
     def reduce(self, tensors, opts):
         op = _op(opts, "reduce")
 
@@ -166,7 +165,7 @@ class ProcessGroupRingcomm(TorchPointToPoint, dist.ProcessGroup):
 
         return self._collective(opts, tensors, body)
 
-    @observe.traced("all_gather")
+    @traced("all_gather")
     def all_gather_single(self, output, input, opts=None):
         def body():
             with Contiguous(output) as out:
@@ -176,7 +175,7 @@ class ProcessGroupRingcomm(TorchPointToPoint, dist.ProcessGroup):
 
     _allgather_base = all_gather_single
 
-    @observe.traced("all_gather")
+    @traced("all_gather")
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         def body():
             for output, input in zip(outputs, inputs, strict=True):
@@ -187,7 +186,7 @@ class ProcessGroupRingcomm(TorchPointToPoint, dist.ProcessGroup):
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
-    @observe.traced("all_gather")
+    @traced("all_gather")
     def allgather(self, output_lists, inputs, opts=None):
         for outputs, input in zip(output_lists, inputs, strict=True):
             self._check_list(outputs, input, "all_gather", "output_tensor_list")
@@ -200,7 +199,7 @@ class ProcessGroupRingcomm(TorchPointToPoint, dist.ProcessGroup):
 
         return self._collective(opts, inputs, body, output_lists)
 
-    @observe.traced("all_gather")
+    @traced("all_gather")
     def allgather_coalesced(self, output_lists, inputs, opts=None):
         def body():
             flat_in = concatenated(inputs)
@@ -212,7 +211,7 @@ class ProcessGroupRingcomm(TorchPointToPoint, dist.ProcessGroup):
 
         return self._collective(opts, inputs, body, output_lists)
 
-    @observe.traced("reduce_scatter")
+    @traced("reduce_scatter")
     def reduce_scatter_single(self, output, input, opts=None):
         op = _op(opts, "reduce_scatter")
 
@@ -224,7 +223,7 @@ class ProcessGroupRingcomm(TorchPointToPoint, dist.ProcessGroup):
 
     _reduce_scatter_base = reduce_scatter_single
 
-    @observe.traced("reduce_scatter")
+    @traced("reduce_scatter")
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         op = _op(opts, "reduce_scatter")
 
@@ -237,7 +236,7 @@ class ProcessGroupRingcomm(TorchPointToPoint, dist.ProcessGroup):
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
-    @observe.traced("reduce_scatter")
+    @traced("reduce_scatter")
     def reduce_scatter(self, outputs, input_lists, opts=None):
         op = _op(opts, "reduce_scatter")
         for output, inputs in zip(outputs, input_lists, strict=True):
@@ -250,7 +249,7 @@ class ProcessGroupRingcomm(TorchPointToPoint, dist.ProcessGroup):
 
         return self._collective(opts, outputs, body)
 
-    @observe.traced("gather")
+    @traced("gather")
     def gather(self, output_lists, inputs, opts):
         (input,) = inputs
         root = opts.rootRank
@@ -267,7 +266,7 @@ class ProcessGroupRingcomm(TorchPointToPoint, dist.ProcessGroup):
 
         return self._collective(opts, inputs, body, output_lists)
 
-    @observe.traced("scatter")
+    @traced("scatter")
     def scatter(self, outputs, input_lists, opts):
         (output,) = outputs
         root = opts.rootRank
@@ -281,7 +280,32 @@ class ProcessGroupRingcomm(TorchPointToPoint, dist.ProcessGroup):
 
         return self._collective(opts, outputs, body)
 
-    @observe.traced("barrier")
+    # -- point-to-point and all-to-all ---------------------------------------------------------
+
+    @traced("send")
+    def send(self, tensors, dst, tag):
+        return self._p2p.send(tensors, dst, tag)
+
+    @traced("recv")
+    def recv(self, tensors, src, tag):
+        return self._p2p.recv(tensors, src, tag)
+
+    @traced("recv_any")
+    def recv_anysource(self, tensors, tag):
+        return self._p2p.recv_anysource(tensors, tag)
+
+    @traced("all_to_all")
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        return self._p2p.all_to_all_single(output, input, output_split_sizes, input_split_sizes,
+                                           opts)
+
+    alltoall_base = all_to_all_single
+
+    @traced("all_to_all")
+    def alltoall(self, outputs, inputs, opts=None):
+        return self._p2p.alltoall(outputs, inputs, opts)
+
+    @traced("barrier")
     def barrier(self, opts=None):
         # A barrier is an allreduce of nothing: every rank's first message needs every rank.
         token = torch.zeros(1, dtype=torch.int8)
@@ -302,7 +326,7 @@ class ProcessGroupRingcomm(TorchPointToPoint, dist.ProcessGroup):
         result = tensors if result is None else result
         if opts is not None and opts.asyncOp and tensors and not tensors[0].is_cuda:
             name = body.__qualname__.split(".<locals>")[0].rsplit(".", 1)[-1]  # "allreduce"
-            return FutureWork(self.communicator._queue.submit(result, body, name=name),
+            return FutureWork(self.communicator.submit(body, result, name),
                               self.communicator.abort)
         body()
         return finish(opts, result)
@@ -318,36 +342,7 @@ class ProcessGroupRingcomm(TorchPointToPoint, dist.ProcessGroup):
                                  f"{t.dtype}")
 
 
-def _outside_dynamo(*classes):
-    """Runs every method of `classes`, and all it calls, as plain Python under torch.compile.
-
-    While a compiled call runs, Dynamo compiles each Python frame that starts on its thread
-    outside torch's own files, also frames that torch's C++ starts. Code that Dynamo runs
-    untraced there calls the backend from C++: DDP's forward broadcasts its rebuilt bucket order
-    and module buffers and waits on the Works, and so do c10d calls at a graph break
-    (dist.barrier, dist.broadcast). gloo's methods are C++ and start no frame. Ours, compiled,
-    would read attributes of `self`, a ProcessGroup, which Dynamo treats as an opaque object:
-    it fails. (A compiled graph runs with Dynamo off, so its functional collectives never hit
-    this.) The code is marked "skip it and what it calls", which is what torch.compiler.disable
-    does, without the wrapper that costs every call 0.6-0.8 us; torch without that mark gets the
-    wrapper."""
-    try:
-        from torch._C._dynamo.eval_frame import (_FrameAction, _FrameExecStrategy,
-                                                 set_code_exec_strategy)
-    except ImportError:
-        for cls in classes:
-            for name, fn in list(vars(cls).items()):
-                if inspect.isfunction(fn):
-                    setattr(cls, name, torch.compiler.disable(fn))
-        return
-    skip = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP)
-    for cls in classes:
-        for fn in vars(cls).values():
-            if inspect.isfunction(fn):
-                set_code_exec_strategy(fn.__code__, skip)
-
-
-_outside_dynamo(ProcessGroupRingcomm, TorchPointToPoint, FutureWork, CudaWork)
+outside_dynamo(ProcessGroupRingcomm, TorchPointToPoint, FutureWork, CudaWork)
 
 
 def _create(options, backend_options):

@@ -4,7 +4,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
-from . import waiting
+from .. import waiting
 
 
 def completed(result):

@@ -1,7 +1,8 @@
-"""Reads every rank's flight record file (``trace_dir``; see :mod:`ringcomm.flight_record`) and
-says in one screen what went wrong: the first collective that did not complete on every rank,
-the rank(s) that never entered it, ranks that disagree on its name, dtype, size, op or root,
-the ring step where each rank stopped and why, and ranks that wrote no file.
+"""Reads every rank's flight record file (``trace_dir``; see
+:mod:`ringcomm.observe.flight_record`) and says in one screen what went wrong: the first
+collective that did not complete on every rank, the rank(s) that never entered it, ranks that
+disagree on its name, dtype, size, op or root, the ring step where each rank stopped and why,
+and ranks that wrote no file.
 
     python -m ringcomm.trace /tmp/ringcomm-trace
 """
@@ -151,6 +152,3 @@ def main(argv=None):
         print("\n".join(d.lines))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

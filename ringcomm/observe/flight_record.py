@@ -1,7 +1,7 @@
 """Flight record files: where ``trace_dir`` is set, each rank writes its communicator's flight
 record (its last calls, :meth:`ringcomm.Communicator.flight_record`) to one JSON file when a
 call fails, when the communicator is aborted and when it closes, and ``python -m ringcomm.trace
-DIR`` reads every rank's file together.
+DIR`` (:mod:`ringcomm.observe.diagnosis`) reads every rank's file together.
 
 A file, ``<trace_dir>/ringcomm-<communicator>-rank<rank>.json``, holds one object::
 
@@ -43,58 +43,65 @@ def path_for(directory, communicator, rank):
     return os.path.join(directory, f"ringcomm-{label}-rank{rank}.json")
 
 
-def watch(communicator, c_comm):
-    """Writes `communicator`'s record whenever its backend `c_comm` fails a call (on the failing
-    thread), where the communicator has a ``trace_dir``."""
-    if not communicator.options.trace_dir:
-        return
-    owner = weakref.ref(communicator)  # the C++ side must not keep the Communicator alive
+class FlightRecorder:
+    """Writes one communicator's flight record file, where it has a ``trace_dir``, and keeps
+    its first failure's message through later writes. The calls come from whoever writes (the
+    communicator's router: :meth:`ringcomm.Communicator.flight_record`)."""
 
-    def failed():
-        comm = owner()
-        if comm is not None:
-            write_or_warn(comm, "failed")
-    c_comm.set_failure_hook(failed)
+    def __init__(self, label, rank, world_size, directory):
+        """`label`: the communicator's, the same on every rank (Rendezvous.label); `directory`:
+        the ``trace_dir`` option (empty: nothing is written unless asked)."""
+        self.label, self.rank, self.world_size, self.directory = label, rank, world_size, directory
+        self.first_failure = None
 
+    def watch(self, c_comm, calls):
+        """Writes the record whenever the backend `c_comm` fails a call (on the failing thread),
+        where there is a ``trace_dir``; `calls()`: the record, a bound method, held weakly so
+        that the C++ side does not keep its owner alive."""
+        if not self.directory:
+            return
+        calls = weakref.WeakMethod(calls)
 
-def write_or_warn(communicator, reason):
-    """write(), where a file that cannot be written is a warning on the ``ringcomm`` logger: a
-    failure, an abort or a close goes on without it."""
-    try:
-        return write(communicator, reason)
-    except OSError as error:
-        logging.getLogger("ringcomm").warning("could not write the flight record: %s", error)
-        return None
+        def failed():
+            read = calls()
+            if read is not None:
+                self.write_or_warn(read(), "failed")
+        c_comm.set_failure_hook(failed)
 
+    def write_or_warn(self, calls, reason):
+        """write(), where a file that cannot be written is a warning on the ``ringcomm`` logger:
+        a failure, an abort or a close goes on without it."""
+        try:
+            return self.write(calls, reason)
+        except OSError as error:
+            logging.getLogger("ringcomm").warning("could not write the flight record: %s", error)
+            return None
 
-def write(communicator, reason, directory=None):
-    """Writes `communicator`'s flight record file in `directory` (default: its ``trace_dir``);
-    returns the file's path, or None where there is no directory. The first failure's message
-    is kept through later writes."""
-    directory = directory or communicator.options.trace_dir
-    if not directory:
-        return None
-    calls = communicator.flight_record()
-    failures = [c["failure"] for c in calls if c["state"] == "failed"]
-    if failures and getattr(communicator, "_first_failure", None) is None:
-        communicator._first_failure = failures[0]
-    rendezvous = communicator._rendezvous
-    record = {
-        "format": FORMAT, "version": VERSION,
-        "communicator": rendezvous.label, "rank": communicator.rank,
-        "world_size": communicator.world_size,
-        "global_rank": dist.get_rank() if dist.is_available() and dist.is_initialized() else None,
-        "host": socket.gethostname(), "pid": os.getpid(), "written": time.time(),
-        "reason": reason, "failure": getattr(communicator, "_first_failure", None),
-        "calls": calls,
-    }
-    os.makedirs(directory, exist_ok=True)
-    path = path_for(directory, rendezvous.label, communicator.rank)
-    partial = f"{path}.{os.getpid()}.part"
-    with open(partial, "w") as out:
-        json.dump(record, out, indent=1)
-    os.replace(partial, path)
-    return path
+    def write(self, calls, reason, directory=None):
+        """Writes `calls` (flight_record()'s dicts) as this rank's file in `directory` (default:
+        the ``trace_dir``); returns the file's path, or None where there is no directory."""
+        directory = directory or self.directory
+        if not directory:
+            return None
+        failures = [c["failure"] for c in calls if c["state"] == "failed"]
+        if failures and self.first_failure is None:
+            self.first_failure = failures[0]
+        in_world = dist.is_available() and dist.is_initialized()
+        record = {
+            "format": FORMAT, "version": VERSION,
+            "communicator": self.label, "rank": self.rank, "world_size": self.world_size,
+            "global_rank": dist.get_rank() if in_world else None,
+            "host": socket.gethostname(), "pid": os.getpid(), "written": time.time(),
+            "reason": reason, "failure": self.first_failure,
+            "calls": calls,
+        }
+        os.makedirs(directory, exist_ok=True)
+        path = path_for(directory, self.label, self.rank)
+        partial = f"{path}.{os.getpid()}.part"
+        with open(partial, "w") as out:
+            json.dump(record, out, indent=1)
+        os.replace(partial, path)
+        return path
 
 
 def read(directory):

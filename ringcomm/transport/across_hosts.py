@@ -1,4 +1,4 @@
-"""The CPU path across hosts: each link runs over what its two ends share (ringcomm.links:
+"""The CPU path across hosts: each link runs over what its two ends share (ringcomm.transport.links:
 shared memory inside a host, TCP between hosts).
 
 - The ring every collective can run on: links to its two neighbours, each of its own kind
@@ -8,13 +8,14 @@ shared memory inside a host, TCP between hosts).
   of the ranks with this rank's local index on every host, so that each of a host's ranks
   carries 1/L of the data between hosts.
 - Point-to-point: links to every peer, made here since TCP's are made by every rank together."""
-from . import _C, cpu_backend
+from .. import _C
 from .links import Links
+from .shm import shared_memory_ring
 
 
 class CommunicatorAcrossHosts(_C.Communicator):
     """A ring communicator that also keeps its point-to-point links (``peer_links``, a
-    ringcomm.links.Links), which across hosts are made at set-up."""
+    ringcomm.transport.links.Links), which across hosts are made at set-up."""
     peer_links = None
 
 
@@ -23,8 +24,8 @@ def create(rendezvous, options, hosts):
     comm = _ring(rendezvous, options, hosts, CommunicatorAcrossHosts)
     comm.peer_links = Links(rendezvous, options, hosts, "p2p")
     if hosts.uniform and len(hosts.local_ranks) > 1:
-        local = cpu_backend.shared_memory_ring(
-            rendezvous.subgroup(f"host{hosts.host}", hosts.local_ranks), options)
+        local = shared_memory_ring(rendezvous.subgroup(f"host{hosts.host}", hosts.local_ranks),
+                                   options)
         cross = _ring(rendezvous.subgroup(f"across{hosts.local_index}", hosts.cross_ranks),
                       options, hosts.of(hosts.cross_ranks))
         comm.set_levels(local, cross, [list(ranks) for ranks in hosts.ranks])

@@ -1,9 +1,11 @@
-"""The backends, by name: each is a transport and a reducer for one kind of memory, registered
-for the device whose buffers it serves (``cpu-shm`` for "cpu", ``cuda-nccl`` for "cuda").
-A Communicator asks ``for_device(buffer.device)`` and never names a backend module, so a new
-transport is its C++ folder, its binding and one module that calls :func:`register`."""
+"""The backends, by device: each is a transport and a reducer for one kind of memory, named for
+its mechanism and serving the buffers of one device (:data:`BACKENDS`). A Communicator asks
+``for_device(buffer.device)`` and never names a backend module, so a new transport is its C++
+folder, its binding, one module with its ``create`` and a row of :data:`BACKENDS`."""
 from dataclasses import dataclass
 from typing import Callable
+
+from . import cpu, cuda
 
 
 @dataclass(frozen=True)
@@ -24,11 +26,21 @@ class Backend:
     p2p_on_ring: bool = False
 
 
-_BY_NAME, _BY_DEVICE = {}, {}
+BACKENDS = (
+    # Shared memory between the ranks of a host, TCP between hosts.
+    Backend("shm+tcp", "cpu", lambda rendezvous, index, options, ordinal:
+            cpu.create(rendezvous, options), available=lambda: True),
+    Backend("nccl", "cuda", cuda.create, available=cuda.available, stream=cuda.current_stream,
+            p2p_on_ring=True),
+)
+
+_BY_NAME = {backend.name: backend for backend in BACKENDS}
+_BY_DEVICE = {backend.device: backend for backend in BACKENDS}
 
 
 def register(backend):
-    """Makes `backend` the one that serves its device (a later registration replaces it)."""
+    """Makes `backend` the one that serves its device in this process, in place of the one
+    that did (a test's stand-in, a transport being tried)."""
     _BY_NAME[backend.name] = _BY_DEVICE[backend.device] = backend
 
 

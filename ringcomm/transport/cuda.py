@@ -1,10 +1,11 @@
-"""The CUDA backend: ringcomm's ring over its own NCCL communicator (send/recv only); the same
-NCCL communicator reaches every rank, so it also carries point-to-point and all-to-all."""
+"""The backend for CUDA buffers ("nccl"): ringcomm's ring over its own NCCL communicator
+(send/recv only); the same NCCL communicator reaches every rank, so it also carries
+point-to-point and all-to-all."""
 import os
 import sys
 
-from . import _C, backends
-from .options import DEFAULTS, CommOptions
+from .. import _C
+from ..options import DEFAULTS, CommOptions
 
 
 def nccl_library_hint():
@@ -126,6 +127,3 @@ def current_stream(buf):
 
     return torch.cuda.current_stream(buf.device_index).cuda_stream
 
-
-backends.register(backends.Backend("cuda-nccl", "cuda", create, available=available,
-                                   stream=current_stream, p2p_on_ring=True))

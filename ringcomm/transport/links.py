@@ -1,13 +1,14 @@
 """Links between pairs of CPU ranks, by kind. A kind says whether it can link two ranks from
 what they share (whether they are on one host) and makes its links for a communicator; each
-peer is reached by the first registered kind that can (NCCL picks a transport per peer the same
-way: canConnect). Registered: shared memory (``shm_links``, ranks of one host), TCP
-(``tcp_links``, any two ranks). A new transport between CPU processes is its C++ folder, its
-binding, and a module that registers its kind (docs/design.md, "How to add ...")."""
+peer is reached by the first kind of :data:`KINDS` that can (NCCL picks a transport per peer the
+same way: canConnect). A new transport between CPU processes is its C++ folder, its binding, a
+module with its links and a row of :data:`KINDS` (docs/contributing.md, "How to add ...")."""
 from dataclasses import dataclass
 from typing import Callable
 
-from . import _C
+from .. import _C
+from .shm import SharedMemoryLinks
+from .tcp import SocketLinks
 
 
 @dataclass(frozen=True)
@@ -20,20 +21,19 @@ class LinkKind:
     make: Callable
 
 
-_KINDS = []
-
-
-def register(kind):
-    """Adds `kind`; earlier registrations are preferred where both can link a pair."""
-    _KINDS[:] = [k for k in _KINDS if k.name != kind.name] + [kind]
+# In order of preference: where two kinds can link a pair, the first does.
+KINDS = (
+    LinkKind("shm", reaches=lambda same_host: same_host, make=SharedMemoryLinks),
+    LinkKind("tcp", reaches=lambda same_host: True, make=SocketLinks),
+)
 
 
 def kind_for(same_host):
-    for kind in _KINDS:
+    for kind in KINDS:
         if kind.reaches(same_host):
             return kind
     raise _C.RingcommError(f"no link kind reaches a rank on {'this' if same_host else 'another'} "
-                           f"host (registered: {[k.name for k in _KINDS]})")
+                           f"host (kinds: {[k.name for k in KINDS]})")
 
 
 class Links:

@@ -1,12 +1,44 @@
-"""Shared-memory links between ranks of one host: one channel per ordered pair of ranks, made
-the first time the pair talks, so that a send/recv between two ranks needs no other rank. The
-sender creates its channel and publishes the name in the store; the receiver maps it, removes
-the name (both ends have it mapped from then on) and says so in the store. A sender that closes
-before its receiver has mapped the channel waits for it (with the timeout), as a torch send
-waits for its receiver: messages already sent are not lost."""
+"""Shared memory between the ranks of one host: the ring every collective runs on, and the
+point-to-point links.
+
+The ring: every rank maps every rank's channel and publication board at set-up (allgather and
+broadcast forward messages by reference; one-hop algorithms read publications where they were
+written).
+
+The links: one channel per ordered pair of ranks, made the first time the pair talks, so that a
+send/recv between two ranks needs no other rank. The sender creates its channel and publishes
+the name in the store; the receiver maps it, removes the name (both ends have it mapped from
+then on) and says so in the store. A sender that closes before its receiver has mapped the
+channel waits for it (with the timeout), as a torch send waits for its receiver: messages
+already sent are not lost."""
 import threading
 
-from . import _C, links
+from .. import _C
+
+
+def shared_memory_ring(rendezvous, options):
+    """A _C.Communicator over shared memory between the ranks of `rendezvous`, all on this
+    host; every rank calls it together."""
+    rank, size = rendezvous.rank, rendezvous.world_size
+    transport = _C.ShmTransport(rank, size, options.slot_bytes, options.slot_count,
+                                options.timeout, options.spin_us, options.yield_us,
+                                options.publish_bytes)
+    if size > 1:
+        rendezvous.publish("shm", transport.channel_name)
+        names = [rendezvous.read("shm", r).decode() for r in range(size)]
+        try:
+            transport.connect(names)
+            rendezvous.barrier("shm-attached")
+        finally:
+            # Every rank has them mapped, or set-up failed (a peer died or never came) and
+            # nobody will: after this, /dev/shm holds nothing of ours, whatever happens to any
+            # process.
+            transport.unlink_names()
+    comm = _C.Communicator(rank, size, transport, _C.CpuReducer(),
+                           options.slice_bytes or options.slot_bytes,
+                           thresholds=options.thresholds())
+    comm.set_trace_buffer(options.trace_buffer)
+    return comm
 
 
 class SharedMemoryLinks:
@@ -57,7 +89,3 @@ class SharedMemoryLinks:
             for peer in self._created:
                 self._rendezvous.read(f"{self._key}-attached-{self._rendezvous.rank}", peer)
         self._created = []
-
-
-links.register(links.LinkKind("shm", reaches=lambda same_host: same_host,
-                              make=SharedMemoryLinks))

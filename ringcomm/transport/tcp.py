@@ -1,8 +1,9 @@
-"""TCP links between ranks anywhere (csrc/net/socket_transport.h): every rank listens on one
+"""TCP links between ranks anywhere (csrc/tcp/socket_transport.h): every rank listens on one
 address (``hosts.listen_address``) and publishes it when the links are made, which every rank
 of the communicator does together; a pair's connections are made by the transport itself on its
 first message."""
-from . import _C, hosts as hosts_module, links
+from .. import _C
+from ..world.hosts import listen_address
 
 
 class SocketLinks:
@@ -10,8 +11,7 @@ class SocketLinks:
         rank, size = rendezvous.rank, rendezvous.world_size
         self.transport = _C.SocketTransport(
             rank, size, options.socket_slot_bytes, options.slot_count,
-            options.socket_connections, options.timeout,
-            hosts_module.listen_address(options.socket_ifname))
+            options.socket_connections, options.timeout, listen_address(options.socket_ifname))
         self.slot_bytes = options.socket_slot_bytes
         rendezvous.publish(f"{key}-tcp", self.transport.address)
         labels = [f"rank {r}" if hosts is None else hosts.label(r) for r in range(size)]
@@ -29,6 +29,3 @@ class SocketLinks:
 
     def close(self, failed=False):
         pass  # the transport writes out what was sent before it closes
-
-
-links.register(links.LinkKind("tcp", reaches=lambda same_host: True, make=SocketLinks))

@@ -20,6 +20,8 @@ import socket
 import time
 import uuid
 
+from .. import _C
+
 # Rank 0 looks for fresh requests this often at first, backing off to the longest.
 _FIRST_LOOK_S, _LONGEST_LOOK_S = 0.01, 0.5
 
@@ -141,6 +143,4 @@ def _wait(store, keys, deadline):
 
 
 def _timeout(message):
-    from . import _C
-
     return _C.CommTimeoutError(message)

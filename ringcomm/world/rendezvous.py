@@ -1,12 +1,13 @@
 """Rendezvous through torch.distributed's Store: ranks publish and read small values
 (shared-memory names, NCCL unique ids) under a prefix unique to one communicator and to one
-set-up of it (ringcomm.epochs: a store may hold what an earlier attempt of the job left)."""
+set-up of it (ringcomm.world.epochs: a store may hold what an earlier attempt of the job left)."""
 import datetime
 import itertools
 from collections import defaultdict
 
 import torch.distributed as dist
 
+from .. import _C
 from . import epochs
 
 # Communicators built in the same order on every rank get the same number, so their store keys
@@ -85,7 +86,6 @@ class Rendezvous:
         try:
             self.store.wait(keys, datetime.timedelta(seconds=self.timeout))
         except Exception as error:  # the store raises its own kinds; name what was awaited
-            from . import _C
             raise _C.CommTimeoutError(f"rank {self.rank} timed out after {self.timeout} s waiting "
                                       f"for {what} during ringcomm set-up: {error}") from error
 
