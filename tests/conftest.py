@@ -3,9 +3,9 @@ import sys
 
 import pytest
 
-# Tests run against the checkout (an in-place build) or an installed ringcomm; the launcher
-# module lives beside the tests.
-sys.path.insert(0, os.path.dirname(__file__))
+# Tests run against the checkout (an in-place build) or an installed ringcomm; the helpers they
+# share (launcher, sweeps, jobs run by torchrun) live in tests/support/.
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "support"))
 
 from shm_leaks import nothing_left_in_dev_shm  # noqa: E402,F401  (a fixture for every test file)
 

@@ -206,10 +206,10 @@ def test_float16_arithmetic_rounds_like_torch():
 
 
 def test_backends_are_registered_by_name_and_device():
-    from ringcomm import backends
+    from ringcomm.transport import backends
 
     assert {(b.name, b.device) for b in backends.registered().values()} >= {
-        ("cpu-shm", "cpu"), ("cuda-nccl", "cuda")}
+        ("shm+tcp", "cpu"), ("nccl", "cuda")}
     assert backends.for_device("cpu").stream(None) is None  # host: nothing to order on
-    with pytest.raises(ValueError, match="no backend for xpu buffers.*cpu-shm for cpu"):
+    with pytest.raises(ValueError, match=r"no backend for xpu buffers.*shm\+tcp for cpu"):
         backends.for_device("xpu")

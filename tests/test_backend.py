@@ -36,7 +36,7 @@ def blocks(world_size, count, dtype, salt):
 def _collectives(rank, world_size, store_path):
     torch.set_num_threads(1)
     as_ringcomm(rank, world_size, store_path, timeout=datetime.timedelta(seconds=60))
-    assert isinstance(dist.group.WORLD, ringcomm.process_group.ProcessGroupRingcomm)
+    assert isinstance(dist.group.WORLD, ringcomm.c10d.process_group.ProcessGroupRingcomm)
     failures = []
 
     def check(name, actual, expected):

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from host_gpu_world import host_gpu, host_nccl_backend, raise_first, run_ranks  # noqa: I100
 
 from ringcomm import _C, P2POp
-from ringcomm.process_group import ProcessGroupRingcomm
+from ringcomm.c10d.process_group import ProcessGroupRingcomm
 
 TIMEOUT = 2.0
 BIG = 100_003  # float32: 400 KB, far more than the 4 x 256-byte staging slots
@@ -27,7 +27,7 @@ def _values(src, dst, count, dtype=torch.float32, k=0):
 def _core(comm):
     """The rank's _C.Communicator over NcclTransport (host-GPU ring), without the wrapper that
     waits for every call: the host does not wait on CUDA either."""
-    return comm._communicator_for("cpu", -1)._comm
+    return comm._router.communicator_for("cpu", -1)._comm
 
 
 def _group_ends():
@@ -47,7 +47,7 @@ def test_both_ranks_sending_first_one_by_one_waits_for_ever_on_nccl():
         out, got = _values(comm.rank, peer, BIG), torch.zeros(BIG)
         core.send(out.data_ptr(), BIG, f32, peer, 0)
         core.recv(got.data_ptr(), BIG, f32, peer, 0)
-        comm._communicator_for("cpu", -1).ring.synchronize()
+        comm._router.communicator_for("cpu", -1).ring.synchronize()
         return "done"
 
     with host_nccl_backend(slice_bytes=256, slots=4, timeout=TIMEOUT):
@@ -135,7 +135,7 @@ def test_a_batch_with_a_message_too_many_times_out_naming_the_batch():
                                     P2POp("send", torch.ones(64), peer)])
         else:
             comm.batch_isend_irecv([P2POp("recv", torch.zeros(64), peer)])
-        comm._communicator_for("cpu", -1).ring.synchronize()
+        comm._router.communicator_for("cpu", -1).ring.synchronize()
         return "done"
 
     results, elapsed = _timed(body)
@@ -151,7 +151,7 @@ def test_a_batch_whose_sizes_differ_fails_clearly():
         peer = 1 - comm.rank
         comm.batch_isend_irecv([P2POp("send", torch.ones(64), peer),
                                 P2POp("recv", torch.zeros(64 + comm.rank), peer)])
-        comm._communicator_for("cpu", -1).ring.synchronize()
+        comm._router.communicator_for("cpu", -1).ring.synchronize()
         return "done"
 
     results, elapsed = _timed(body)

@@ -50,6 +50,7 @@ def test_rounds_let_each_implementation_follow_every_other_equally_often(k):
     assert len(follows) == k * (k - 1) and len(set(follows.values())) <= 1
 
 
+@pytest.mark.system  # runs the benchmark script
 def test_run_writes_checked_records(tmp_path):
     out = tmp_path / "bench.json"
     plot = tmp_path / "bench.png"
@@ -102,6 +103,7 @@ def test_run_writes_checked_records(tmp_path):
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.system  # runs the benchmark script
 def test_the_copy_baseline_times_each_ranks_copy_and_checks_nothing(tmp_path):
     """--baseline copy: every rank copies its buffer, exchanging nothing; the ratio column then
     says how close ringcomm comes to the memory's bound."""
@@ -134,6 +136,7 @@ def _env():
     return env
 
 
+@pytest.mark.system  # runs the benchmark script
 def test_tune_times_every_algorithm_and_writes_the_analysis(tmp_path):
     out, plot = tmp_path / "tune.json", tmp_path / "tune.png"
     cmd = [sys.executable, str(ROOT / "bench" / "tune.py"), "--nproc", "2", "-b", "8", "-e", "512",

@@ -122,6 +122,7 @@ def test_results_are_identical_across_slice_sizes_and_ranks(n):
             assert torch.equal(reference[0][k], reference[rank][k])
 
 
+@pytest.mark.system  # the GPU check's whole world-2 sweep
 def test_the_gpu_checks_world2_sweep_is_exact_on_cpu():
     """The GPU check's first test (tests/test_gpu.py: world2_sweep) run on CPU tensors: its
     cases and references are proven before a GPU runs them."""

@@ -13,6 +13,8 @@ from torch._dynamo.utils import counters
 import ringcomm
 from launcher import launch
 
+pytestmark = pytest.mark.system  # torch.compile runs a compiler
+
 STEPS = 4
 
 
@@ -81,7 +83,7 @@ def _ddp_runs(rank, world_size, store_path):
     torch.set_num_threads(1)
     runs = {}
     beside_gloo = dist.new_group(backend="ringcomm")
-    assert isinstance(beside_gloo, ringcomm.process_group.ProcessGroupRingcomm)
+    assert isinstance(beside_gloo, ringcomm.c10d.process_group.ProcessGroupRingcomm)
     for name, (net_opts, ddp_opts) in DDP_CASES.items():
         runs["gloo", name] = _compiled_ddp(rank, net_opts, ddp_opts, None)
         runs["new_group", name] = _compiled_ddp(rank, net_opts, ddp_opts, beside_gloo)

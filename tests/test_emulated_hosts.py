@@ -1,4 +1,4 @@
-"""bench/emulated_hosts.py: hosts with their own network, /dev/shm and hostname on one machine,
+"""tools/emulated_hosts.py: hosts with their own network, /dev/shm and hostname on one machine,
 proved with torch's own gloo backend (needs root; skipped elsewhere)."""
 import json
 import os
@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "tools"))
 
 import emulated_hosts  # noqa: E402
 from emulated_hosts import EmulatedHosts, HostsTimeout  # noqa: E402
 
 OK, WHY = emulated_hosts.available()
-pytestmark = pytest.mark.skipif(not OK, reason=WHY)
-JOB = str(ROOT / "tests" / "emulated_hosts_job.py")
+pytestmark = [pytest.mark.system, pytest.mark.skipif(not OK, reason=WHY)]
+JOB = str(ROOT / "tests" / "support" / "emulated_hosts_job.py")
 
 
 def root_links():

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.system  # runs the example programs
+
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["--steps", "4", "--warmup", "1", "--width", "64"]
 

@@ -1,12 +1,12 @@
 """GPU tests: the reduction kernels against exact references, and the NCCL ring on 2 and 4 ranks.
 
 They need ringcomm built with CUDA and a visible GPU; everywhere else they skip. Several ranks
-share one GPU (tests/launcher.py's shared_gpu_env: ringcomm.cuda_backend.shared_gpu_env).
+share one GPU (tests/support/launcher.py's shared_gpu_env: ringcomm.transport.cuda.shared_gpu_env).
 RINGCOMM_TEST_WORLDS (default "2,4") picks the world sizes of the multi-rank tests.
 
 Starting ranks on a GPU costs 10-15 s (interpreters, torch, a CUDA context each, NCCL's first
 connection), so the multi-rank tests of a session share one launch per world size
-(tests/shared_launch.py): each test's work runs there as a check, and the test asserts on its
+(tests/support/shared_launch.py): each test's work runs there as a check, and the test asserts on its
 check's outcome. RINGCOMM_TEST_LAUNCH_TIMEOUT bounds each launch, RINGCOMM_TEST_LAUNCH_LOG
 records what each launch and check took.
 """
@@ -19,7 +19,8 @@ from shared_launch import SharedLaunches, on_ranks, shares_launch  # noqa: F401 
 torch = pytest.importorskip("torch")
 
 try:
-    from ringcomm import _C, CommOptions, _testing, cuda_backend
+    from ringcomm import _C, CommOptions, _testing
+    from ringcomm.transport import cuda as cuda_backend
     from ringcomm.options import DEFAULTS
     from sweep import DTYPES as SWEEP_DTYPES, OPS, op_valid
 except ImportError:  # not built: every test here skips
@@ -36,12 +37,12 @@ WORLDS = [int(w) for w in os.environ.get("RINGCOMM_TEST_WORLDS", "2,4").split(",
 # Every wait of a test's ring: short, so that a hang costs a test seconds, not minutes.
 RING_TIMEOUT = float(os.environ.get("RINGCOMM_TEST_RING_TIMEOUT", "20"))
 
-# The C++ table's dtypes by name (tests/sweep.py reads it).
+# The C++ table's dtypes by name (tests/support/sweep.py reads it).
 DTYPES = {str(dtype).removeprefix("torch."): dtype for dtype in SWEEP_DTYPES}
 FLOATS = {name for name, dtype in DTYPES.items() if dtype.is_floating_point}
 COUNTS = [0, 1, 7, 1000, (1 << 20) + 3]
 
-# Every op the C++ table defines for the dtype (tests/sweep.py reads it).
+# Every op the C++ table defines for the dtype (tests/support/sweep.py reads it).
 CASES = [(d, o) for d in DTYPES for o in OPS if op_valid(o, DTYPES[d])]
 
 
@@ -64,7 +65,7 @@ def _random(dtype, n, gen):
 
 def _reference(dtype, op, a, b, divisor, finalize):
     """The CPU reducer's result (csrc/cpu/cpu_reducer.cc: the same op_math.h arithmetic, which
-    tests/sweep.py checks on CPU): the kernels must match it, so a new op needs no edit here."""
+    tests/support/sweep.py checks on CPU): the kernels must match it, so a new op needs no edit here."""
     a, b = a.cpu(), b.cpu()
     out = torch.empty_like(a)
     _testing.cpu_reduce(out.data_ptr(), 0, a.data_ptr(), b.data_ptr(), a.numel(),
@@ -814,7 +815,7 @@ def test_one_hop_all_reduce_exact(world, name, on_ranks):
 
 def world2_sweep(rank, world, device="cuda"):
     """Every collective x dtype x op x awkward count through the public API on `device`
-    tensors, against exact references, in one launch (tests/collective_checks.py, as on the
+    tensors, against exact references, in one launch (tests/support/collective_checks.py, as on the
     CPU; tests/test_collectives.py runs this very function on the CPU)."""
     import ringcomm
     from collective_checks import VALID, Checker, counts_for

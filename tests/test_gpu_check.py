@@ -1,9 +1,9 @@
-"""bench/gpu_check: its stage logic, run here in dry-run mode (no GPU needed). The lease returns
-at most 8 files from $OUT, and a run cut short must still report: so at most 8 files, and
-summary.json rewritten after every stage; stages past their limit are killed, optional stages
-run only while time is left; tests run by value, and one verdict says what the run showed. The
-plan's limits follow from the cost of a launch of ranks, every multi-rank stage makes one, and
-the dry run checks the plan against the GPU machine."""
+"""tools/gpu_check.py: its stage logic, run here in dry-run mode (no GPU needed). The machine
+it is planned for returns a bounded number of output files, and a run cut short must still
+report: so few files, and summary.json rewritten after every stage; stages past their limit are
+killed, optional stages run only while time is left; tests run by value, and one verdict says
+what the run showed. The plan's limits follow from the cost of a launch of ranks, every
+multi-rank stage makes one, and the dry run checks the plan against the GPU machine."""
 import json
 import os
 import subprocess
@@ -13,26 +13,28 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "tools"))
 
 import gpu_check  # noqa: E402
-import gpu_check_fit  # noqa: E402
 import gpu_check_plan  # noqa: E402
-import gpu_check_report  # noqa: E402
+import gpu_machine  # noqa: E402
 import pytest  # noqa: E402
 from gpu_check_plan import LAUNCH_S, PYTEST_S, REPORT_S, TESTS, Stage  # noqa: E402
 
-PROBES = {"env": "pass", "info": "pass"}
+pytestmark = pytest.mark.system  # runs the GPU check: a program that runs pytest stages
+
+CHECK = str(ROOT / "tools" / "gpu_check.py")
 
 
 def test_dry_run_through_the_script_bounds_the_output(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "RINGCOMM_GPU_CHECK_DRY": "1"}
-    proc = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh")], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, CHECK], env=env, capture_output=True, text=True,
+                          timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     files = sorted(p.name for p in out.rglob("*"))
-    assert files == sorted(gpu_check_report.OUTPUT_FILES) and len(files) <= 8
+    assert files == sorted(gpu_check.OUTPUT_FILES)
+    assert len(files) <= gpu_machine.MACHINE["output_files_max"]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["dry_run"] and summary["finished"]
     names = [s["name"] for s in summary["stages"]]
@@ -50,7 +52,8 @@ def test_dry_run_through_the_script_bounds_the_output(tmp_path):
     # The environment stage really ran: it names the interpreters and the NCCL it loaded.
     env_found = summary["results"]["env"]
     assert {"python", "python3", "nvcc"} <= env_found["which"].keys()
-    assert summary["multi_rank_path"] == env_found.get("multi_rank_path", "unknown")
+    assert summary["multi_rank_path"] == summary["results"]["info"].get("multi_rank_path",
+                                                                        "unknown")
     assert summary["mps"].startswith("off (the default"), "MPS only when asked"
     correct = next(s for s in summary["stages"] if s["name"] == "tests_correct")
     assert correct["counts"] == {"ran": 3, "passed": 3, "failed": 0, "skipped": 0,
@@ -61,21 +64,21 @@ def test_dry_run_through_the_script_bounds_the_output(tmp_path):
 
 
 def test_mandatory_limits_fit_the_budget_and_every_gpu_test_is_planned(tmp_path):
-    stages = gpu_check_plan.plan(sys.executable, tmp_path, PROBES)
-    assert sum(s.limit for s in stages if not s.optional) <= gpu_check_plan.BUDGET
+    stages = gpu_check_plan.plan(sys.executable, tmp_path)
+    assert sum(s.limit for s in stages if not s.optional) <= gpu_check_plan.TIME_LIMIT
     source = (ROOT / "tests" / "test_gpu.py").read_text()
     planned = {test.split("::")[1].split("[")[0] for s in stages for test in s.tests}
     defined = {line.split("(")[0][4:] for line in source.splitlines()
                if line.startswith("def test_")}
     assert planned <= defined, planned - defined  # no node id that pytest would not find
-    assert gpu_check_fit.problems(stages) == []
+    assert gpu_check_plan.problems(stages) == []
 
 
 def test_each_multi_rank_stage_makes_one_launch_and_its_limit_holds_it(tmp_path):
     """A launch of ranks costs LAUNCH_S whatever it runs: a stage's multi-rank tests share one,
     and its limit holds pytest's start, that launch, every test's cost and the report; the
     launch's own budget leaves pytest time to start and report inside the limit."""
-    stages = {s.name: s for s in gpu_check_plan.plan(sys.executable, tmp_path, PROBES)}
+    stages = {s.name: s for s in gpu_check_plan.plan(sys.executable, tmp_path)}
     for name, tests in TESTS.items():
         stage = stages[name]
         multi_rank = [t for t in tests if t.ranks]
@@ -88,41 +91,41 @@ def test_each_multi_rank_stage_makes_one_launch_and_its_limit_holds_it(tmp_path)
     for name in ("allreduce2", "allreduce4"):  # a benchmark's own launch
         assert stages[name].launches == 1 and stages[name].limit >= LAUNCH_S + stages[name].work_s
     mandatory = [s for s in stages.values() if not s.optional]
-    assert sum(s.limit for s in mandatory) <= gpu_check_plan.BUDGET
+    assert sum(s.limit for s in mandatory) <= gpu_check_plan.TIME_LIMIT
 
 
 def test_the_fit_check_finds_what_does_not_fit(tmp_path):
     """The dry run's check against the GPU machine: a missing package (numpy, which the tests
     and ringcomm import), a build that would need a registry, limits below their launches, a
     multi-rank test planned as single-process, a tool the machine lacks."""
-    stages = gpu_check_plan.plan(sys.executable, tmp_path, PROBES)
-    machine = {**gpu_check_fit.MACHINE, "tools": ["nvcc"],
-               "modules": [m for m in gpu_check_fit.MACHINE["modules"] if m != "numpy"]}
+    stages = gpu_check_plan.plan(sys.executable, tmp_path)
+    machine = {**gpu_machine.MACHINE, "tools": ["nvcc"],
+               "modules": [m for m in gpu_machine.MACHINE["modules"] if m != "numpy"]}
     by_name = {s.name: s for s in stages}
     by_name["build"].argv = [sys.executable, "-m", "pip", "install", "."]
     by_name["tests_correct"].limit = 30
-    found = gpu_check_fit.problems(stages, machine)
-    assert any("tests/collective_checks.py imports numpy" in p for p in found), found
+    found = gpu_check_plan.problems(stages, machine)
+    assert any("tests/support/collective_checks.py imports numpy" in p for p in found), found
     assert any(p.startswith("build: ") and "registry" in p for p in found), found
     assert any(p.startswith("tests_correct: limit 30") for p in found), found
     assert any("sanitizer: needs compute-sanitizer" in p for p in found), found
     by_name["build"].argv = [sys.executable, "-m", "pip", "install", "--no-build-isolation",
                              "--no-deps", "."]
-    assert not any(p.startswith("build: ") for p in gpu_check_fit.problems(stages))
+    assert not any(p.startswith("build: ") for p in gpu_check_plan.problems(stages))
 
 
 def test_the_plan_counts_tests_as_test_gpu_runs_them(monkeypatch, tmp_path):
     wrong = dict(TESTS)
     wrong["tests_failures"] = [gpu_check_plan.Test("test_timeout_names_peers", 10, 0)]
     monkeypatch.setattr(gpu_check_plan, "TESTS", wrong)
-    stages = gpu_check_plan.plan(sys.executable, tmp_path, PROBES)
-    assert gpu_check_fit.planned_tests_match(stages, ROOT) == [
+    stages = gpu_check_plan.plan(sys.executable, tmp_path)
+    assert gpu_check_plan.planned_tests_match(stages, ROOT) == [
         "tests_failures: the plan runs test_timeout_names_peers on no ranks, tests/test_gpu.py "
         "on 2"]
 
 
 def test_a_plan_that_does_not_fit_fails_the_dry_run(tmp_path, monkeypatch):
-    monkeypatch.setattr(gpu_check_fit, "MACHINE", {**gpu_check_fit.MACHINE, "modules": []})
+    monkeypatch.setattr(gpu_machine, "MACHINE", {**gpu_machine.MACHINE, "modules": []})
     summary = gpu_check.Check(tmp_path / "out", sys.executable, dry=True).run()
     assert summary["verdict"] == "fail"
     assert any("imports torch" in p for p in summary["plan"]["problems"])
@@ -131,9 +134,8 @@ def test_a_plan_that_does_not_fit_fails_the_dry_run(tmp_path, monkeypatch):
 
 def _dry(tmp_path, *args):
     out = tmp_path / "out"
-    proc = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), "--dry-run", *args],
-                          env={**os.environ, "OUT": str(out)}, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run([sys.executable, CHECK, "--dry-run", "--out", str(out), *args],
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads((out / "summary.json").read_text())
 
@@ -187,7 +189,7 @@ def test_junit_cut_short_and_an_exit_code_no_test_saw(tmp_path):
                    'reached"/></testcase>'
                    '<testcase classname="c" name="x"><skipped message="no GPU"/></testcase>'
                    '</testsuite></testsuites>')
-    counts = gpu_check_report.junit_counts(xml)
+    counts = gpu_check.junit_counts(xml)
     assert counts["cut_short"] == ["c::b"]
     assert gpu_check_plan.stage_counts({"rc": 0}, counts) == {
         "ran": 1, "passed": 1, "failed": 0, "skipped": 2, "cut_short": 1}
@@ -201,10 +203,11 @@ def test_summary_is_rewritten_after_every_stage(tmp_path):
 
     def seen(summary):
         snapshots.append(summary)
-        assert len(list((tmp_path / "out").iterdir())) <= 8
+        files = list((tmp_path / "out").iterdir())
+        assert len(files) <= gpu_machine.MACHINE["output_files_max"]
 
     gpu_check.Check(tmp_path / "out", sys.executable, dry=True, on_summary=seen).run()
-    stages = len(gpu_check_plan.plan(sys.executable, tmp_path, PROBES))
+    stages = len(gpu_check_plan.plan(sys.executable, tmp_path))
     assert len(snapshots) == stages + 1  # once per stage, once at the end
     for k, summary in enumerate(snapshots[:-1]):
         assert len(summary["stages"]) == k + 1 and "finished" not in summary
@@ -224,7 +227,7 @@ def test_stages_past_their_limit_are_killed_and_late_stages_skipped(tmp_path, mo
     ]
     monkeypatch.setattr(gpu_check, "plan", lambda *args, **kwargs: stages)
     monkeypatch.setattr(gpu_check, "KILL_AFTER", 1)
-    summary = gpu_check.Check(tmp_path / "out", py, dry=True, budget=30).run()
+    summary = gpu_check.Check(tmp_path / "out", py, dry=True, time_limit=30).run()
     hangs, ignores, fails, world4 = summary["stages"]
     assert hangs["timed_out"] and hangs["rc"] != 0 and hangs["seconds"] < 10
     assert ignores["timed_out"] and ignores["rc"] == -9  # SIGKILL after the slack
@@ -256,7 +259,7 @@ def test_cuda_home_comes_from_the_toolkit_not_a_wrapper(tmp_path, monkeypatch):
 
 def test_pytest_cut_short_still_reports_what_ran(tmp_path, monkeypatch):
     """A test stage past its limit is interrupted, not terminated: pytest then still writes its
-    JUnit XML and summary, so the lease returns which tests passed and which failed."""
+    JUnit XML and summary, so the output says which tests passed and which failed."""
     tests = tmp_path / "test_cut.py"
     tests.write_text("import time\n"
                      "def test_passes():\n    pass\n"
@@ -269,7 +272,7 @@ def test_pytest_cut_short_still_reports_what_ran(tmp_path, monkeypatch):
                                           "no:cacheprovider", f"--junitxml={work / 't.xml'}"],
                             junit="t.xml", needs_gpu=False)
     monkeypatch.setattr(gpu_check, "plan", lambda *args, **kwargs: [stage])
-    check = gpu_check.Check(tmp_path / "out", py, dry=True, budget=60)
+    check = gpu_check.Check(tmp_path / "out", py, dry=True, time_limit=60)
     check.work = work  # where the stage writes its XML
     summary = check.run()
     (record,) = summary["stages"]
@@ -294,8 +297,9 @@ def test_script_picks_the_interpreter_that_has_torch(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "RINGCOMM_GPU_CHECK_DRY": "1",
            "PATH": f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin"}
-    proc = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh")], env=env,
-                          capture_output=True, text=True, timeout=120)
+    # Started by a Python without torch (-S: no site-packages); its stages run under python3.
+    proc = subprocess.run([sys.executable, "-S", CHECK], env=env, capture_output=True,
+                          text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["results"]["env"]["which"]["python3"] == str(bin_dir / "python3")
@@ -325,8 +329,8 @@ def test_mps_that_cannot_serve_is_stopped_and_left_out(tmp_path, monkeypatch):
 
 
 def test_carried_build_packages_are_on_the_stages_path(tmp_path, monkeypatch):
-    """pybind11 is no dependency of torch: a session carries it in build/pydeps, and every stage
-    (the build first) finds it there."""
+    """pybind11 is no dependency of torch: without network it is copied into build/pydeps, and
+    every stage (the build first) finds it there."""
     deps = tmp_path / "pydeps"
     monkeypatch.setattr(gpu_check, "PYDEPS", deps)
     check = gpu_check.Check(tmp_path / "out", sys.executable, dry=True)
@@ -336,9 +340,9 @@ def test_carried_build_packages_are_on_the_stages_path(tmp_path, monkeypatch):
     assert path[0] == str(gpu_check.ROOT) and str(deps) in path
 
 
-def test_bundle_stays_under_the_lease_file_limit(tmp_path, monkeypatch):
+def test_bundle_stays_under_the_output_file_limit(tmp_path, monkeypatch):
     """Huge NCCL logs: the bundle keeps their heads, cut shorter until it fits."""
-    monkeypatch.setattr(gpu_check_report, "MAX_BUNDLE_BYTES", 256 << 10)
+    monkeypatch.setattr(gpu_check, "MAX_BUNDLE_BYTES", 256 << 10)
     check = gpu_check.Check(tmp_path / "out", sys.executable, dry=True)
     for k in range(4):  # incompressible: gzip cannot save the bundle
         (check.work / f"nccl.{k}.log").write_bytes(os.urandom(1 << 20))
@@ -364,7 +368,7 @@ def test_a_missing_tool_skips_its_stage_and_test_stages_get_their_deadline(tmp_p
     monkeypatch.setattr(gpu_check.Check, "check_plan", lambda self: self.summary.update(
         plan={"problems": [], "machine_differences": []}))
     start = time.time()
-    summary = gpu_check.Check(tmp_path / "out", py, dry=False, budget=60).run()
+    summary = gpu_check.Check(tmp_path / "out", py, dry=False, time_limit=60).run()
     sanitized, tests = summary["stages"]
     assert sanitized["skipped"] == "compute-sanitizer not found" and sanitized["rc"] is None
     ends_at = float(seen.read_text())
@@ -373,7 +377,7 @@ def test_a_missing_tool_skips_its_stage_and_test_stages_get_their_deadline(tmp_p
 
 def test_docs_table_is_the_plan(tmp_path):
     """docs/benchmarks.md shows the plan's launches and limits: they must be the plan's."""
-    stages = {s.name: s for s in gpu_check_plan.plan(sys.executable, tmp_path, PROBES)}
+    stages = {s.name: s for s in gpu_check_plan.plan(sys.executable, tmp_path)}
     text = (ROOT / "docs" / "benchmarks.md").read_text()
     table = text[text.index("| stage | launches | limit (s) |"):].split("\n\n")[0]
     rows = [line.split("|")[1:4] for line in table.splitlines()[2:]]

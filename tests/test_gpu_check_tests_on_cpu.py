@@ -1,9 +1,12 @@
 """The GPU check's first multi-rank tests (tests/test_gpu.py) run on CPU tensors, as on the GPU
-in one shared launch (tests/shared_launch.py): their code, their references and their running
-back to back in one world are proven here before a GPU runs them."""
+in one shared launch (tests/support/shared_launch.py): their code, their references and their
+running back to back in one world are proven here before a GPU runs them."""
+import pytest
 from shared_launch import Check, launch_checks
 from test_gpu import (backend_collectives, check_backend_collectives,
                       check_ddp_hook_against_stock, ddp_hook_against_stock, world2_sweep)
+
+pytestmark = pytest.mark.system  # a stage of the GPU check, whole
 
 
 def test_the_correctness_stage_on_cpu_in_one_launch():

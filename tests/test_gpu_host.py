@@ -46,8 +46,9 @@ class _FakeCudaC:
 
 
 def _create_on_own_device(rank, world_size):
-    from ringcomm import CommOptions, cuda_backend
-    from ringcomm.rendezvous import Rendezvous
+    from ringcomm import CommOptions
+    from ringcomm.transport import cuda as cuda_backend
+    from ringcomm.world.rendezvous import Rendezvous
 
     cuda_backend._C = _FakeCudaC(rank)  # this worker process only
     rendezvous = Rendezvous(None, timeout=20)
@@ -79,7 +80,7 @@ def test_shared_gpu_env_picks_the_nccl_path():
     included, which lack the switch) sees each rank as its own host (a different NCCL_HOSTID),
     talking over loopback. On both paths NVLS and multi-node NVLink are off and NCCL's kernels
     use few CTAs."""
-    from ringcomm.cuda_backend import shared_gpu_env
+    from ringcomm.transport.cuda import shared_gpu_env
 
     both = {"NCCL_NVLS_ENABLE": "0", "NCCL_MNNVL_ENABLE": "0", "NCCL_MAX_CTAS": "8"}
     for version in (23003, 23200):
@@ -97,7 +98,7 @@ def test_shared_gpu_env_picks_the_nccl_path():
 def test_shared_gpu_env_keeps_what_the_user_set():
     """A user's NCCL settings win; a user's NCCL_HOSTID still differs per rank (one shared host
     id would be "Duplicate GPU detected" again)."""
-    from ringcomm.cuda_backend import shared_gpu_env
+    from ringcomm.transport.cuda import shared_gpu_env
 
     user = {"NCCL_MAX_CTAS": "2", "NCCL_NVLS_ENABLE": "1", "NCCL_SOCKET_IFNAME": "eth0",
             "NCCL_HOSTID": "box"}
@@ -114,7 +115,7 @@ def test_shared_gpu_env_keeps_what_the_user_set():
 
 def test_shared_gpu_env_asks_the_nccl_ringcomm_loads():
     from launcher import shared_gpu_env as test_env
-    from ringcomm.cuda_backend import MULTI_RANK_GPU_NCCL, SHARED_GPU_DEFAULTS, nccl_search
+    from ringcomm.transport.cuda import MULTI_RANK_GPU_NCCL, SHARED_GPU_DEFAULTS, nccl_search
 
     if not _C.build_info()["cuda"]:
         pytest.skip("ringcomm was built without CUDA (no nvcc at build time)")
@@ -140,8 +141,8 @@ def test_the_nccl_library_option_is_the_only_place_looked_at(tmp_path):
 
     if not _C.build_info()["cuda"]:
         pytest.skip("ringcomm was built without CUDA (no nvcc at build time)")
-    probe = ("from ringcomm import _C, cuda_backend\n"
-             "_C.nccl_library(**cuda_backend.nccl_search())")
+    probe = ("from ringcomm import _C\nfrom ringcomm.transport import cuda\n"
+             "_C.nccl_library(**cuda.nccl_search())")
     # A fresh process (NCCL is loaded once per process), importing this ringcomm.
     path = os.pathsep.join(filter(None, [str(Path(ringcomm.__file__).parent.parent),
                                          os.environ.get("PYTHONPATH")]))
@@ -155,7 +156,8 @@ def test_the_nccl_library_option_is_the_only_place_looked_at(tmp_path):
 def test_no_usable_gpu_names_the_cuda_error():
     """A machine whose driver is missing, or older than ringcomm's CUDA runtime, is told CUDA's
     own error, not a bare "no device" (torch may still see its GPUs through an older runtime)."""
-    from ringcomm import _C, cuda_backend
+    from ringcomm import _C
+    from ringcomm.transport import cuda as cuda_backend
     from ringcomm.options import CommOptions
 
     if not _C.build_info()["cuda"]:

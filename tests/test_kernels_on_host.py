@@ -1,7 +1,7 @@
 """The CUDA kernels that ship, executed on the CPU: csrc/cuda's kernel sources compiled a second
 time by the host compiler (csrc/testing/cuda/kernels_on_host.h runs every block and thread of the
 grid the real launch sizing chose, in a shuffled order), driven through the real CudaReducer by
-tests/kernels_on_host/sweep.cc and checked bit for bit against the CPU reducer. Two builds: with
+tests/support/kernels_on_host/sweep.cc and checked bit for bit against the CPU reducer. Two builds: with
 AddressSanitizer and UndefinedBehaviorSanitizer (a misaligned 16-byte vector access or a read
 past an operand fails as it would fault on a GPU), and with every load and store of the kernels
 reported to the sweep (each output byte written exactly once, nothing before an operand read).
@@ -17,9 +17,11 @@ import pytest
 from ringcomm import _C
 from ringcomm.options import DEFAULTS
 
+pytestmark = pytest.mark.system  # compiles the kernels with g++
+
 ROOT = Path(__file__).resolve().parent.parent
 CSRC = ROOT / "csrc"
-SWEEP = ROOT / "tests" / "kernels_on_host" / "sweep.cc"
+SWEEP = ROOT / "tests" / "support" / "kernels_on_host" / "sweep.cc"
 
 # The kernels and the reducer that launches them (setup.py's kernel_sources), built for the host.
 KERNEL_SOURCES = sorted((CSRC / "cuda").glob("*.cu")) + [CSRC / "cuda" / "cuda_reducer.cc"]

@@ -1,4 +1,4 @@
-"""ringcomm across hosts: emulated hosts on one machine (bench/emulated_hosts.py: each its own
+"""ringcomm across hosts: emulated hosts on one machine (tools/emulated_hosts.py: each its own
 network, /dev/shm and hostname), ranks started by torchrun on every host, the CPU path over
 shared memory inside a host and TCP between hosts. Needs root; skipped elsewhere."""
 import json
@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "tools"))
 
 import emulated_hosts  # noqa: E402
 from emulated_hosts import EmulatedHosts  # noqa: E402
 from subprocesses import checkout_env  # noqa: E402
 
 OK, WHY = emulated_hosts.available()
-pytestmark = pytest.mark.skipif(not OK, reason=WHY)
-JOB = str(ROOT / "tests" / "multihost_job.py")
+pytestmark = [pytest.mark.system, pytest.mark.skipif(not OK, reason=WHY)]
+JOB = str(ROOT / "tests" / "support" / "multihost_job.py")
 # The ringcomm this test imports (installed, or this checkout built in place), for the ranks.
 ENV = {"PYTHONPATH": checkout_env()["PYTHONPATH"]}
 

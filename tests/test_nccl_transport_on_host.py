@@ -67,7 +67,7 @@ def test_stream_order_holds_under_jitter():
 def _ring(comm):
     """The communicator's _C.Communicator over NcclTransport (point-to-point on CPU tensors
     would take shared-memory links: call the core directly)."""
-    return comm._communicator_for("cpu", -1)
+    return comm._router.communicator_for("cpu", -1)
 
 
 def _send(core, tensor, peer):

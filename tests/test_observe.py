@@ -1,4 +1,4 @@
-"""What users see of ringcomm in their own tools (ringcomm/observe.py): torch.profiler ranges
+"""What users see of ringcomm in their own tools (ringcomm/observe/): torch.profiler ranges
 named ringcomm:<call> with shapes and dtype, through the Communicator and the torch backend
 alike, a DDP step's among them; the ringcomm logger's set-up and per-call lines under
 RINGCOMM_LOG, and nothing by default. Real processes."""

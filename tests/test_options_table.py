@@ -10,7 +10,7 @@ import re
 import pytest
 
 import ringcomm
-from ringcomm import cuda_backend
+from ringcomm.transport import cuda as cuda_backend
 from ringcomm.options import DEFAULTS, OPTIONS, THRESHOLDS, CommOptions
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

@@ -176,14 +176,14 @@ def _envelopes(rank, n):
         tag, count = sent if rank == 0 else expected
         buf = as_buffer(torch.zeros(count), "tensor")
         try:
-            comm._debug_envelope("send" if rank == 0 else "recv", 1 - rank, buf, tag)
+            comm._p2p._debug_envelope("send" if rank == 0 else "recv", 1 - rank, buf, tag)
             outcomes.append("ok")
         except ringcomm.MismatchError as error:
             outcomes.append(str(error))
     # A batch's envelopes: both ranks send theirs first, then compare what they receive.
     peer, buf = 1 - rank, as_buffer(torch.zeros(5), "tensor")
     try:
-        comm._debug_envelopes([(True, buf, peer, 9), (False, buf, peer, 9 + rank)])
+        comm._p2p._debug_envelopes([(True, buf, peer, 9), (False, buf, peer, 9 + rank)])
         outcomes.append("ok")
     except ringcomm.MismatchError as error:
         outcomes.append(str(error))

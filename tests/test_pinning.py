@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from launcher import launch
-from ringcomm import pinning
+from ringcomm.world import pinning
 
 CPUS = os.sched_getaffinity(0)
 needs_two = pytest.mark.skipif(len(CPUS) < 2, reason="one CPU: nothing to split")
@@ -99,7 +99,7 @@ def ranks_as_threads(rank, n):
     import torch.distributed as dist
 
     import ringcomm
-    from ringcomm.rendezvous import Rendezvous
+    from ringcomm.world.rendezvous import Rendezvous
 
     store, comms = dist.HashStore(), [None, None]
 

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 
@@ -28,12 +30,14 @@ def _torchrun(script, tmp_path):
                           timeout=300, cwd=tmp_path, env=env)
 
 
+@pytest.mark.system
 def test_quick_start_runs_as_written(tmp_path):
     proc = _torchrun(_block("Quick start", "python"), tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count("all_reduce: 4 ranks, count 8") == 2  # the plan, printed by each rank
 
 
+@pytest.mark.system
 def test_quick_start_example_checks_its_results(tmp_path):
     proc = _torchrun((ROOT / "examples" / "quickstart.py").read_text(), tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -43,7 +47,8 @@ def test_quick_start_example_checks_its_results(tmp_path):
 def test_readme_is_short_and_speaks_to_users():
     assert len(README.splitlines()) <= 150
     words = re.compile(r"issue [0-9]|2-core machine|engineer", re.I)
-    for path in [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "ringcomm").glob("*.py"),
-                 *(ROOT / "bench").glob("*.py"), *(ROOT / "csrc").rglob("*.[ch]*")]:
+    for path in [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "ringcomm").rglob("*.py"),
+                 *(ROOT / "bench").glob("*.py"), *(ROOT / "tools").glob("*.py"),
+                 *(ROOT / "csrc").rglob("*.[ch]*")]:
         hits = [line for line in path.read_text().splitlines() if words.search(line)]
         assert not hits, f"{path.relative_to(ROOT)}: {hits[:3]}"

@@ -15,15 +15,15 @@ R, P, D, O, A = _C.CollectiveRequest, _C.Collective, _C.DataType, _C.RedOp, _C.A
 
 def _cpu_ring(world_size):
     """The CPU backend's _C.Communicator over the launcher's default group."""
-    from ringcomm import CommOptions, cpu_backend
-    from ringcomm.rendezvous import Rendezvous
+    from ringcomm import CommOptions
+    from ringcomm.transport import cpu
+    from ringcomm.world.rendezvous import Rendezvous
 
-    return cpu_backend.create(Rendezvous(None, timeout=30),
-                              CommOptions(timeout=30).resolved(world_size))
+    return cpu.create(Rendezvous(None, timeout=30), CommOptions(timeout=30).resolved(world_size))
 
 
 def every_collective_by_request(rank, n):
-    """{case: elements wrong} for every collective run by request, against tests/sweep.py."""
+    """{case: elements wrong} for every collective run by request, against tests/support/sweep.py."""
     torch.set_num_threads(1)
     comm = _cpu_ring(n)
     count, root, dtype = 7, n - 1, torch.int32

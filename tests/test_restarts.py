@@ -1,11 +1,11 @@
 """A job that loses a rank comes back: torchrun's restarts and stores that outlive their users.
 
-Real torchrun (``python -m torch.distributed.run``) runs tests/restart_job.py with
+Real torchrun (``python -m torch.distributed.run``) runs tests/support/restart_job.py with
 ``--max-restarts 1``; in attempt 0 rank 1 ends its process at step 3 (os._exit), torchrun stops
 rank 0 and starts both again on the store it kept. Attempt 1 must train to the end with exactly
 the expected weights, and no process of either attempt may leave anything in /dev/shm. Without
 torchrun, two pairs of processes use one store the test keeps: the second pair has no attempt
-number to tell it from the first, only the set-up epoch (ringcomm.epochs).
+number to tell it from the first, only the set-up epoch (ringcomm.world.epochs).
 
 Every process a test starts is killed before it returns (torchrun starts its workers in
 sessions of their own: they report their pids)."""
@@ -21,7 +21,7 @@ import restart_job
 from shm_leaks import created_by, shm_entries
 from subprocesses import Processes, checkout_env, free_port
 
-JOB = Path(__file__).with_name("restart_job.py")
+JOB = Path(__file__).parent / "support" / "restart_job.py"
 WORLD, STEPS, DIE = 2, 6, "0:1:3"  # attempt 0's rank 1 exits at step 3
 
 
@@ -61,6 +61,7 @@ RENDEZVOUS = {
 }
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("rendezvous,mode", [("static", "ddp"), ("c10d", "ddp"),
                                              ("static", "communicator")])
 def test_torchrun_restart_trains_to_the_end(rendezvous, mode, tmp_path, processes):

@@ -61,6 +61,7 @@ def test_a_missing_and_a_stale_peer_are_named(store):
     assert [p.returncode for p in pair] == [0, 0], outputs
 
 
+@pytest.mark.system
 def test_ranks_that_see_different_shared_memory_are_joined_over_the_network(store):
     """Rank 1 runs in a mount namespace with its own /dev/shm (as on another host): set-up
     finds two hosts and links them over TCP instead of failing to map rank 0's segments."""

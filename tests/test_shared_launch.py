@@ -1,4 +1,4 @@
-"""tests/shared_launch.py on CPU: several checks in one launch of the ranks, each reported by
+"""tests/support/shared_launch.py on CPU: several checks in one launch of the ranks, each reported by
 name; a failure, a hang or a crash in one check is named and does not spoil the checks before it
 (nor, for a failure, after it)."""
 import json
@@ -14,12 +14,12 @@ import torch.distributed as dist
 
 from shared_launch import Check, CheckFailed, launch_checks
 
-TESTS = Path(__file__).resolve().parent
+SUPPORT = Path(__file__).resolve().parent / "support"
 
 
 def _path():
-    """PYTHONPATH for a pytest run in another folder: this folder's modules importable."""
-    return os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
+    """PYTHONPATH for a pytest run in another folder: the tests' helpers importable."""
+    return os.pathsep.join(filter(None, [str(SUPPORT), os.environ.get("PYTHONPATH")]))
 
 
 def _pid(rank, world):

@@ -20,7 +20,8 @@ import torch.distributed as dist
 import ringcomm
 from collective_checks import VALID, Checker, counts_for, one_dtype_per_op
 from launcher import die_soon, launch
-from ringcomm import _C, backends
+from ringcomm import _C
+from ringcomm.transport import backends
 from sweep import DTYPES
 
 SLOT_BYTES, SLOTS, CONNECTIONS = 4096, 4, 2
@@ -90,7 +91,7 @@ def sweep(rank, n, cases, copy_dtypes, big):
         checker.reductions(BIG, dtype, op)
         checker.copies(BIG, dtype)
     checker.numpy_arrays()
-    counted = comm._cpu.traffic()  # the _C.Communicator's, per peer
+    counted = comm._router.communicator_for("cpu", -1).traffic()  # the _C.Communicator's, per peer
     comm.close()
     return checker.failures, checker.cases, counted
 

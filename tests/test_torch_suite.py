@@ -1,5 +1,5 @@
-"""torch's own distributed test suite against the "ringcomm" backend (tests/torch_suite.py): a
-subset chosen to cover every collective ringcomm has, the ops, async work, sub-groups, object
+"""torch's own distributed test suite against the "ringcomm" backend
+(tests/support/torch_suite.py): a subset chosen to cover every collective ringcomm has, the ops, async work, sub-groups, object
 collectives, point-to-point and DDP on CPU, at 2 ranks. All selected tests run in one child
 process (each spawns its 2 ranks, ~10-18 s here); every one must pass. Select or leave out the
 whole block with ``-m torch_suite`` / ``-m "not torch_suite"``. README lists what is left out
@@ -14,7 +14,7 @@ import pytest
 
 import ringcomm
 
-pytestmark = pytest.mark.torch_suite
+pytestmark = [pytest.mark.system, pytest.mark.torch_suite]
 
 SELECTED = [
     # all_reduce: every op torch and ringcomm share, async, complex, full group
@@ -57,7 +57,7 @@ SELECTED = [
     "test_static_graph_api_cpu",
 ]
 
-TESTS = Path(__file__).resolve().parent
+SUPPORT = Path(__file__).resolve().parent / "support"  # torch_suite.py runs from there
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ def outcomes(tmp_path_factory):
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(ringcomm.__file__).parent.parent),
                                                       env.get("PYTHONPATH")]))
     code = f"import torch_suite; torch_suite.main({SELECTED!r}, {str(report)!r})"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=TESTS, env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", code], cwd=SUPPORT, env=env, capture_output=True,
                           text=True, timeout=60 * 60)
     if not report.exists():
         pytest.fail(f"torch's suite did not report (exit {proc.returncode}):\n"

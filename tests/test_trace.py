@@ -22,7 +22,7 @@ WORLD = 3
 
 def analyse(directory):
     """The analyzer's report, run as users run it, and its one Diagnosis."""
-    from ringcomm import trace
+    from ringcomm.observe import diagnosis
 
     # Run from the trace folder: `-m` puts the working folder first on the path, and a source
     # checkout there holds no compiled core where the package is installed.
@@ -30,8 +30,8 @@ def analyse(directory):
                          capture_output=True, text=True, env=checkout_env(), timeout=60,
                          cwd=directory)
     assert out.returncode == 0, out.stderr
-    (diagnosis,) = trace.analyse(str(directory))
-    return out.stdout, diagnosis
+    (found,) = diagnosis.analyse(str(directory))
+    return out.stdout, found
 
 
 def failing(rank, directory, body):

@@ -1,4 +1,4 @@
-"""Every collective, checked against exact references (tests/sweep.py) on CPU or CUDA tensors:
+"""Every collective, checked against exact references (tests/support/sweep.py) on CPU or CUDA tensors:
 the sweep behind tests/test_collectives.py (CPU, several world sizes) and the GPU check's
 world-2 sweep (tests/test_gpu.py), nccl-tests style #wrong counts per case."""
 import numpy as np

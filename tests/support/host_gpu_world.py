@@ -11,8 +11,9 @@ import pytest
 import torch.distributed as dist
 
 import ringcomm
-from ringcomm import _C, _testing, backends
-from ringcomm.rendezvous import Rendezvous
+from ringcomm import _C, _testing
+from ringcomm.transport import backends
+from ringcomm.world.rendezvous import Rendezvous
 
 if not _C.build_info()["cuda"]:
     pytest.skip("built without CUDA: no NcclTransport to drive", allow_module_level=True)

@@ -62,10 +62,10 @@ def die_soon(store, after=0.05):
 
 def shared_gpu_env(rank):
     """Environment that lets several ranks share one GPU, for launch(env=shared_gpu_env):
-    ringcomm.cuda_backend.shared_gpu_env (a function of the rank that spawn can pickle)."""
-    from ringcomm import cuda_backend
+    ringcomm.transport.cuda.shared_gpu_env (a function of the rank that spawn can pickle)."""
+    from ringcomm.transport import cuda
 
-    return cuda_backend.shared_gpu_env(rank)
+    return cuda.shared_gpu_env(rank)
 
 
 def launch(world_size, fn, *args, timeout=120, allow_exit=None, start_method="fork", env=None):

@@ -60,7 +60,7 @@ def run_checks(rank, world, checks, results_dir, ends_at):
     results_dir/i.r.pkl the moment it is known. ends_at: the parent's deadline (time.time())."""
     import torch.distributed as dist
 
-    from ringcomm import rendezvous
+    from ringcomm.world import rendezvous
 
     deadline = time.monotonic() + (ends_at - time.time()) - RANK_MARGIN_S
     base = dist.distributed_c10d._get_default_store()  # the launch's store outlives its group

@@ -5,7 +5,7 @@ Not collected by pytest itself (the name has no test_ prefix): tests/test_torch_
 in a child process, because the suite configures itself from environment variables (BACKEND,
 WORLD_SIZE, TEMP_DIR, INIT_METHOD) that must not leak into the rest of the test session.
 
-    cd tests && python -c "import torch_suite; torch_suite.main(['test_all_reduce_sum'])"
+    cd tests/support && python -c "import torch_suite; torch_suite.main(['test_all_reduce_sum'])"
 """
 import json
 import os
