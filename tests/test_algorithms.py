@@ -12,6 +12,7 @@ import ringcomm
 from launcher import launch
 from ringcomm.options import ALGORITHM_COLLECTIVES, ALGORITHMS, DEFAULTS
 from sweep import DTYPES, OPS, make_input, op_valid, reduce_reference, wrong
+from tiers import world_sizes
 
 # Small publications, so that a few hundred elements already take several rounds.
 PUBLISH_BYTES = 256
@@ -84,7 +85,7 @@ def exact_sweep(rank, n):
     return results
 
 
-@pytest.mark.parametrize("n", [2, 3, 4, 5])
+@pytest.mark.parametrize("n", world_sizes([2, 3, 4, 5]))
 def test_one_hop_algorithms_are_exact_for_every_collective_dtype_op_and_awkward_count(n):
     results = launch(n, exact_sweep, timeout=600)
     bad = {case: w for case, (w, _) in results[0].items() if w}

@@ -11,6 +11,7 @@ import torch
 from host_gpu_world import host_gpu, host_nccl_backend, raise_first, run_ranks  # noqa: I100
 from collective_checks import VALID, Checker, counts_for, one_dtype_per_op
 from sweep import DTYPES
+from tiers import world_sizes
 
 from ringcomm import _C
 from ringcomm.options import DEFAULTS
@@ -41,7 +42,7 @@ def test_every_dtype_op_and_collective_is_exact(n):
         _check(run_ranks(n, _sweep(VALID, DTYPES)))
 
 
-@pytest.mark.parametrize("n", [4, 5, 6, 7, 8])
+@pytest.mark.parametrize("n", world_sizes([4, 5, 6, 7, 8]))
 def test_every_plan_is_exact_at_larger_worlds(n):
     with host_nccl_backend(slice_bytes=512, slots=4):
         _check(run_ranks(n, _sweep(one_dtype_per_op(), [torch.float32, torch.int8])))

@@ -158,6 +158,7 @@ def test_plain():
 '''
 
 
+@pytest.mark.system  # runs pytest itself
 def test_pytest_tests_share_one_launch_per_world_size(tmp_path):
     """Through pytest: every marked test of the session at one world size shares one launch, in
     the session's order; a failing check fails its own test only, with the rank's traceback."""
@@ -200,6 +201,7 @@ def test_slow(on_ranks):
 '''
 
 
+@pytest.mark.system  # runs pytest itself
 def test_the_callers_deadline_bounds_every_launch(tmp_path):
     """RINGCOMM_TEST_ENDS_AT (the GPU check's stage limit) wins over a launch's own budget, so
     the tests still report before the stage is cut: here as "cut short"."""
