@@ -2,12 +2,13 @@
 ringcomm._testing, the entry points only the tests and benchmarks call, as a module of its own.
 
 csrc/ has a folder per part: core (its interface in include/ringcomm), the CPU reducer (cpu),
-the host transports (shm: shared memory, tcp), with CUDA the kernels and CUDA reducer (cuda) and
-the NCCL transport (nccl), and the bindings of each module (_C: python; _testing: testing). The
-core's sources (every folder but the bindings'; cuda and nccl only with CUDA, as they alone
-include CUDA's and NCCL's headers) and the binding code both modules call (SHARED_BINDINGS) are
-compiled once and linked into both modules; each module adds its bindings (_C: csrc/python;
-_testing: csrc/testing; with CUDA each one's cuda/ subfolder too).
+the host transports (shm: shared memory, tcp), with CUDA the NCCL transport (nccl) and the
+kernels, CUDA reducer and the backend that pairs it with the NCCL transport (cuda, which
+includes nccl and not the reverse), and the bindings of each module (_C: python; _testing:
+testing). The core's sources (every folder but the bindings'; cuda and nccl only with CUDA, as
+they alone include CUDA's and NCCL's headers) and the binding code both modules call
+(SHARED_BINDINGS) are compiled once and linked into both modules; each module adds its bindings
+(_C: csrc/python; _testing: csrc/testing; with CUDA each one's cuda/ subfolder too).
 
 Environment:
   RINGCOMM_CUDA=0|1         force the CUDA part off or on (default: on when nvcc is found)

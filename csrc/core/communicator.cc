@@ -1,18 +1,12 @@
-// The communicator's collectives: a request checked, its plan made, the caller's buffers mapped
-// onto the plan's logical buffer (per collective: mapBuffers) and the plan run; and its state:
-// failure, abort, close, what its transports moved.
+// The communicator's collectives: a request's plan made, the caller's buffers mapped onto the
+// plan's logical buffer (per collective: mapBuffers) and the plan run, or a recorded run
+// replayed. A request is checked in collective_checks.cc; every call is bracketed and recorded
+// in call_bracket.cc; failure, abort, close and traffic are in communicator_state.cc.
 #include "ringcomm/communicator.h"
 
 #include "ringcomm/error.h"
 
 namespace ringcomm {
-namespace {
-
-BufferView view(const void* base, size_t first, size_t count) {
-  return BufferView{static_cast<char*>(const_cast<void*>(base)), first, count};
-}
-
-}  // namespace
 
 Communicator::Communicator(int rank, int worldSize, std::shared_ptr<Transport> transport,
                            std::shared_ptr<Reducer> reducer, CommunicatorOptions options)
@@ -32,24 +26,6 @@ void Communicator::setSliceBytes(size_t bytes) {
   options_.sliceBytes = bytes;
 }
 
-void Communicator::setTraceBuffer(size_t calls) {
-  recorder_->resize(calls);
-  for (Transport* t : {transport_.get(), links_.get()})
-    if (t) t->reportCompletionTo(recorder_);
-}
-
-void Communicator::checkUsable() const {
-  RC_CHECK(!closed_, "this ringcomm communicator is closed");
-  if (aborted_.load(std::memory_order_relaxed)) {
-    std::lock_guard<std::mutex> lock(abortMutex_);
-    RC_THROW_AS(PeerError, "this ringcomm communicator was aborted and cannot be used again (",
-                abortReason_, "); create a new one");
-  }
-  if (!failure_.empty())
-    RC_THROW_AS(PeerError, "this ringcomm communicator failed earlier and cannot be used again (",
-                failure_, "); create a new one");
-}
-
 void Communicator::prepare(PlannedCollective& c, RedOp op, DataType type, DataType wireType,
                            int avgDivisor) {
   std::string why;
@@ -57,49 +33,6 @@ void Communicator::prepare(PlannedCollective& c, RedOp op, DataType type, DataTy
   checkWireType(type, wireType);
   c.spec = ReduceSpec{type, op, avgDivisor > 0 ? avgDivisor : worldSize_, wireType};
   c.sequence = sequence_++;
-}
-
-void Communicator::collective(uintptr_t stream, const CallName& call,
-                              const std::function<void()>& body) {
-  bracket(*transport_, stream, call, body);
-}
-
-void Communicator::bracket(Transport& transport, uintptr_t stream, const CallName& name,
-                           const std::function<void()>& body) {
-  CallName call = name;
-  recorder_->name(call);
-  FlightRecorder::Entry* entry = current_ = recorder_->begin(call);
-  // A failure ends the entry, tells the failure hook (which may write the record out) and
-  // names this rank's last calls.
-  auto fail = [&](const Error& e, bool refused) {
-    recorder_->end(entry, false, e.what());
-    if (!refused) failed(e.what());
-    reportFailure();
-    if (recorder_->capacity() == 0) throw;
-    rethrowWithMessage(e, e.what() + ("\nthis rank's last calls:" + recorder_->recent(4)));
-  };
-  try {
-    transport.begin(stream, call);
-  } catch (const RefusedError& e) {
-    fail(e, true);  // begin() refused before starting anything: the communicator stays usable
-  } catch (const Error& e) {
-    fail(e, false);
-  }
-  try {
-    body();
-    transport.end();
-    recorder_->end(entry, true, "", transport.completesOnDevice());
-  } catch (const Error& e) {
-    fail(e, false);
-  }
-}
-
-void Communicator::reportFailure() noexcept {
-  if (!onFailure_) return;
-  try {
-    onFailure_();
-  } catch (...) {  // a report must not hide the failure it reports
-  }
 }
 
 void Communicator::execute(const PlannedCollective& c) {
@@ -114,50 +47,11 @@ void Communicator::execute(const PlannedCollective& c) {
   Executor(*transport_, *reducer_, options_.sliceBytes).run(c);
 }
 
-Algorithm Communicator::resolveAlgorithm(Algorithm requested, Collective collective,
-                                         size_t bytes) const {
-  RC_CHECK(algorithmPlans(requested, collective), "algorithm ", algorithmName(requested),
-           " does not run ", collectiveName(collective));
-  if (worldSize_ == 1) return Algorithm::Ring;  // nothing to exchange either way
-  if (requested == Algorithm::Auto)
-    return chooseAlgorithm(collective, bytes, worldSize_, transport_->publishBytes() > 0,
-                           options_.thresholds);
-  RC_CHECK(!isOneHop(requested) || transport_->publishBytes() > 0, algorithmName(requested),
-           " ", collectiveName(collective),
-           " needs a transport with publications (CPU shared memory); this device's has none: "
-           "use ring or auto");
-  return requested;
-}
-
-void Communicator::checkRequest(const CollectiveRequest& r) const {
-  const CollectiveInfo& info = collectiveInfo(r.collective);
-  RC_CHECK(info.planned, info.name, " is not a collective request: it runs over peer links");
-  if (info.root != nullptr) {
-    RC_CHECK(r.root >= 0 && r.root < worldSize_, info.root, "=", r.root,
-             " is not a rank of this ", worldSize_, "-rank communicator");
-  } else {
-    RC_CHECK(r.root == 0, info.name, " has no root: leave root at 0, not ", r.root);
-  }
-  RC_CHECK(info.reduces || r.op == RedOp::Sum, info.name, " does not reduce: leave op at sum, not ",
-           redOpName(r.op));
-  RC_CHECK(info.wire || !r.wireType || *r.wireType == r.type, info.name,
-           " takes no wire dtype (its messages are its data type, ", dataTypeName(r.type), ")");
-  RC_CHECK(info.layout != Layout::InPlace || r.input == nullptr || r.input == r.output, info.name,
-           " runs in place on its output: leave input unset or the same");
-  // What this rank touches: the in-place tensor; its own block (the output of reduce_scatter and
-  // scatter, the input of all_gather and gather); every rank's blocks, unless only the root
-  // has them (gather's output, scatter's input).
-  const bool whole = info.root == nullptr || r.root == rank_;
-  const bool needsOutput = info.layout != Layout::InputBlock || whole;
-  const bool needsInput =
-      info.layout == Layout::InputBlock || (info.layout == Layout::OutputBlock && whole);
-  RC_CHECK(r.count == 0 || !needsOutput || r.output != nullptr, info.name,
-           " needs an output on rank ", rank_);
-  RC_CHECK(r.count == 0 || !needsInput || r.input != nullptr, info.name, " needs an input on rank ",
-           rank_);
-}
-
 namespace {
+
+BufferView view(const void* base, size_t first, size_t count) {
+  return BufferView{static_cast<char*>(const_cast<void*>(base)), first, count};
+}
 
 // Which part of the plan's logical buffer the caller's buffers hold (every rank's blocks or the
 // tensor, this rank's block), and the local copy of this rank's own block an out-of-place
@@ -251,79 +145,6 @@ void Communicator::run(const CollectiveRequest& r) {
     c.progress = current_;  // the executor marks its steps in this call's record
     execute(c);
   });
-}
-
-CallName Communicator::describe(const CollectiveRequest& r, uint64_t sequence,
-                               const char* algorithm) const {
-  const CollectiveInfo& info = collectiveInfo(r.collective);
-  CallName call{info.name, sequence, true};
-  call.dtype = dataTypeName(r.type), call.count = r.count, call.algorithm = algorithm;
-  if (info.reduces) call.op = redOpName(r.op);
-  if (info.root != nullptr) call.peer = r.root;
-  return call;
-}
-
-void Communicator::failed(const std::string& why) {
-  failure_ = why;
-  if (links_) links_->abort(failure_);
-  if (transport_) transport_->abort(failure_);
-  for (const Level* level : {&local_, &cross_})
-    if (level->comm) level->comm->abort(failure_);
-}
-
-std::string Communicator::failure() const {
-  if (!failure_.empty() || !aborted_.load()) return failure_;
-  std::lock_guard<std::mutex> lock(abortMutex_);
-  return abortReason_;
-}
-
-void Communicator::abort(const std::string& why) {
-  std::lock_guard<std::mutex> lock(abortMutex_);
-  if (!aborted_.exchange(true)) abortReason_ = why;
-  // Transports' aborts are safe beside their data path: shared memory sets flags peers and
-  // this rank's waits check, NCCL's takes its own mutex.
-  if (links_) links_->abort(why);
-  if (transport_) transport_->abort(why);
-  for (const Level* level : {&local_, &cross_})
-    if (level->comm) level->comm->abort(why);
-}
-
-void Communicator::close() {
-  std::lock_guard<std::mutex> lock(abortMutex_);
-  closed_ = true;
-  for (Level* level : {&local_, &cross_})
-    if (level->comm) level->comm->close(), level->comm.reset();
-  transport_.reset();  // unmaps shared memory, destroys NCCL communicators
-  links_.reset();
-  reducer_.reset();
-}
-
-TrafficStats Communicator::traffic() const {
-  TrafficStats total(worldSize_);
-  if (transport_) total += transport_->traffic();
-  if (links_) total += links_->traffic();
-  for (const Level* level : {&local_, &cross_}) {
-    if (!level->comm) continue;
-    // The level counts by its own ranks: name them by this communicator's.
-    TrafficStats theirs = level->comm->traffic(), ours(worldSize_);
-    for (size_t p = 0; p < level->ranks.size() && p < theirs.bytesSent.size(); ++p) {
-      const int r = level->ranks[p];
-      ours.bytesSent[r] = theirs.bytesSent[p], ours.bytesReceived[r] = theirs.bytesReceived[p];
-      ours.messagesSent[r] = theirs.messagesSent[p];
-      ours.messagesReceived[r] = theirs.messagesReceived[p];
-    }
-    theirs.bytesSent = ours.bytesSent, theirs.bytesReceived = ours.bytesReceived;
-    theirs.messagesSent = ours.messagesSent, theirs.messagesReceived = ours.messagesReceived;
-    total += theirs;
-  }
-  return total;
-}
-
-void Communicator::resetTraffic() {
-  if (transport_) transport_->resetTraffic();
-  if (links_) links_->resetTraffic();
-  for (const Level* level : {&local_, &cross_})
-    if (level->comm) level->comm->resetTraffic();
 }
 
 }  // namespace ringcomm

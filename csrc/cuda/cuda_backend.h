@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "cuda/cuda_options.h"
 #include "cuda/reduce_kernels.h"
+#include "nccl/transport_options.h"
 #include "ringcomm/types.h"
 
 namespace ringcomm {
@@ -37,7 +37,7 @@ std::string makeNcclUniqueId(const std::string& library, const std::string& hint
 
 // The CUDA half of a ringcomm communicator on one GPU: an NCCL transport (non-blocking NCCL
 // communicator, watchdog) and a CUDA reducer on its compute stream. The core Communicator runs
-// them (ringcomm/cuda_backend.py builds one); this handle adds the host-side waits.
+// them (ringcomm/transport/cuda.py builds one); this handle adds the host-side waits.
 class CudaTransportAndReducer {
  public:
   explicit CudaTransportAndReducer(const CudaTransportOptions& options);

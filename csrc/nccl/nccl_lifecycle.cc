@@ -1,7 +1,7 @@
 // NcclTransport's life cycle: creating and destroying the non-blocking NCCL communicator, the
 // owner's waits on it, the watchdog thread for collectives still running on the GPU past the
 // timeout, and the host's view of completion (query, synchronize, abort). The data path is in
-// nccl_transport.cc.
+// nccl_transport.cc, nccl_groups.cc and nccl_bracket.cc.
 #include "nccl/nccl_transport.h"
 
 #include <algorithm>

@@ -38,10 +38,10 @@
 #include <thread>
 #include <vector>
 
-#include "cuda/cuda_options.h"
 #include "nccl/gpu_api.h"
 #include "nccl/group_queue.h"
 #include "nccl/publications.h"
+#include "nccl/transport_options.h"
 #include "ringcomm/flight_recorder.h"
 #include "ringcomm/transport.h"
 

@@ -1,6 +1,8 @@
 // What one rank's CUDA transport (NcclTransport) and reducer (CudaReducer) are built with. Plain
 // C++: the bindings fill it without CUDA headers. Every option is set by the caller: the Python
-// layer passes CommOptions' resolved values (ringcomm/options.py holds the defaults).
+// layer passes CommOptions' resolved values (ringcomm/options.py holds the defaults). It lives
+// beside the transport, which takes it whole; the CUDA backend (csrc/cuda/cuda_backend.cc) hands
+// the reducer its device and smsForNccl, so the NCCL folder needs nothing of the CUDA folder.
 #pragma once
 
 #include <cstddef>

@@ -35,6 +35,14 @@ void SocketTransport::progressLoop() {
   adopted_.clear();
 }
 
+// Rings the eventfd the loop polls, so that it looks again (only needed while it sleeps in poll).
+void SocketTransport::wake() {
+  if (!polling_) return;
+  const uint64_t one = 1;
+  ssize_t ignored = ::write(wakeFd_.fd(), &one, sizeof(one));
+  (void)ignored;
+}
+
 void SocketTransport::progressRounds(std::unique_lock<std::mutex>& lock) {
   std::vector<pollfd> fds;
   std::vector<Connection*> polled;

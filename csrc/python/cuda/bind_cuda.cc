@@ -61,7 +61,7 @@ void bindCuda(py::module_& m) {
              return std::make_shared<CudaTransportAndReducer>(o);
            }),
            // CommOptions' resolved values, every one given (ringcomm/options.py holds the
-           // defaults; ringcomm.cuda_backend.ring_arguments maps them).
+           // defaults; ringcomm.transport.cuda.ring_arguments maps them).
            py::arg("rank"), py::arg("world_size"), py::arg("device"), py::arg("unique_id"),
            py::arg("slice_bytes"), py::arg("slots"), py::arg("timeout"),
            py::arg("library_hint"), py::arg("library"), py::arg("nccl_sms"),
