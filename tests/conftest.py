@@ -1,4 +1,5 @@
 import os
+import signal
 import sys
 
 import pytest
@@ -8,6 +9,11 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "support"))
 
 from shm_leaks import nothing_left_in_dev_shm  # noqa: E402,F401  (a fixture for every test file)
+
+# A runner started in the background of a script ignores SIGINT, and so would every rank it
+# starts: the tests of Ctrl-C need Python's own handler, in this process and in the ranks.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _cuda_ready():
