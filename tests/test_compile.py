@@ -12,6 +12,8 @@ from torch._dynamo.utils import counters
 
 import ringcomm
 from launcher import launch
+from ringcomm.c10d.backend import RingcommBackend
+from ringcomm.c10d.process_group import backend_of
 
 pytestmark = pytest.mark.system  # torch.compile runs a compiler
 
@@ -83,7 +85,7 @@ def _ddp_runs(rank, world_size, store_path):
     torch.set_num_threads(1)
     runs = {}
     beside_gloo = dist.new_group(backend="ringcomm")
-    assert isinstance(beside_gloo, ringcomm.c10d.process_group.ProcessGroupRingcomm)
+    assert isinstance(backend_of(beside_gloo), RingcommBackend)
     for name, (net_opts, ddp_opts) in DDP_CASES.items():
         runs["gloo", name] = _compiled_ddp(rank, net_opts, ddp_opts, None)
         runs["new_group", name] = _compiled_ddp(rank, net_opts, ddp_opts, beside_gloo)

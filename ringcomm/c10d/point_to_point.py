@@ -1,4 +1,4 @@
-"""Point-to-point and all-to-all of the torch backend (ProcessGroupRingcomm's): on CPU over the
+"""Point-to-point and all-to-all of the torch backend (RingcommBackend's): on CPU over the
 communicator's links, each direction on its own thread; on CUDA over the ring's communicator,
 ordered on the current stream, a batch_isend_irecv list as one group."""
 import contextlib
@@ -13,7 +13,7 @@ from .. import waiting
 from ..point_to_point import P2POp
 from ..transport import backends
 from .tensors import Contiguous, concatenated, unflatten_into
-from .work import FutureWork, finish
+from .work import FutureWork, completed, finish
 
 
 def _on_ring(tensor):
@@ -22,10 +22,11 @@ def _on_ring(tensor):
     return backends.for_device(tensor.device.type).p2p_on_ring
 
 
-# torch.distributed.batch_isend_irecv's code, to recognize the sends and receives it makes. On a
-# process group written in Python torch runs the list one operation at a time: its coalescing
-# path, which brackets the list, is taken for its own ProcessGroup class only. So the list in
-# that call's frame is the only sign of which sends and receives form one batch.
+# torch.distributed.batch_isend_irecv's code, to recognize the sends and receives it makes.
+# torch >= 2.14 brackets the list with start_coalescing/end_coalescing; older torch takes that
+# path for its own ProcessGroup class only and runs the list one operation at a time on a
+# process group written in Python: there the list in that call's frame is the only sign of
+# which sends and receives form one batch.
 _BATCH_CODE = inspect.unwrap(dist.batch_isend_irecv).__code__
 
 
@@ -45,12 +46,17 @@ def _torch_batch():
 
 class _RingBatch:
     """Sends and receives over the ring's communicator that go out as one group: those of one
-    torch.distributed.batch_isend_irecv call (`source`, its list of P2POps), or a single one."""
+    torch.distributed.batch_isend_irecv call (`source`, its list of P2POps, or the
+    _Coalescing block it runs in), or a single one."""
 
     def __init__(self, source):
         self.source = source
-        # How many of the list's operations reach this batch (those on the ring's device).
-        self.expected = 1 if source is None else sum(_on_ring(op.tensor) for op in source)
+        # How many of the list's operations reach this batch (those on the ring's device); a
+        # coalescing block's go out at its end.
+        if isinstance(source, _Coalescing):
+            self.expected = None
+        else:
+            self.expected = 1 if source is None else sum(_on_ring(op.tensor) for op in source)
         self.ops, self.results, self.futures, self.copies = [], [], [], []
         self.stream = None  # the current CUDA stream at the first operation
         self.posted = False
@@ -77,6 +83,23 @@ class _RingBatch:
         return torch.cuda.stream(self.stream)
 
 
+class _Coalescing:
+    """The sends and receives between torch's start_coalescing and end_coalescing: their
+    Futures, which the block's one Work completes with."""
+
+    def __init__(self):
+        self.futures = []
+
+    def work(self, abort):
+        futures = self.futures
+        if not futures:
+            return completed([])
+        if len(futures) > 1:  # one Future that fails with the first failure
+            futures = [torch.futures.collect_all(futures).then(
+                lambda done: [f.wait() for f in done.value()])]
+        return FutureWork(futures[0], abort)
+
+
 class TorchPointToPoint:
     """send, recv, recv_anysource and all-to-all of a :class:`ProcessGroupRingcomm`, which
     delegates them here, on its `communicator`.
@@ -92,6 +115,20 @@ class TorchPointToPoint:
         self.communicator = communicator
         self._p2p_threads, self._p2p_last = None, {}
         self._batch = None  # a batch_isend_irecv's operations on the ring, until its last one
+        self._coalescing = None  # between start_batch and end_batch
+
+    def start_batch(self):
+        """torch's start_coalescing: what follows, until end_batch, is one batch."""
+        self._coalescing = _Coalescing()
+
+    def end_batch(self):
+        """torch's end_coalescing: posts the batch; its Work completes when all of it has."""
+        coalescing, self._coalescing = self._coalescing, None
+        if coalescing is None:
+            return completed([])
+        if self._batch is not None and self._batch.source is coalescing:
+            self._post(self._batch)
+        return coalescing.work(self.communicator.abort)
 
     def send(self, tensors, dst, tag):
         (tensor,) = tensors
@@ -140,16 +177,20 @@ class TorchPointToPoint:
         unflatten_into(flat_out, outputs)
         return finish(opts, outputs)
 
-    def shutdown(self):
+    def shutdown(self, wait=True):
         for pool in (self._p2p_threads or {}).values():
-            pool.shutdown(wait=True)
+            pool.shutdown(wait=wait)
+
+    def _coalesced(self, future):
+        if self._coalescing is not None:
+            self._coalescing.futures.append(future)
 
     def _ring_p2p(self, kind, tensors, peer, tag):
         """A send or receive over the ring's communicator (NCCL), ordered on the current stream
         (one NCCL communicator must not be driven from two threads). One that
         torch.distributed.batch_isend_irecv makes waits for the rest of its list, which then
         goes out as one NCCL group; any other goes out at once, as NCCL's backend does."""
-        source = _torch_batch()
+        source = self._coalescing or _torch_batch()
         batch = self._batch
         if batch is not None and batch.source is not source:
             self._post(batch)  # a list cut short (torch raised inside it): what it has
@@ -157,7 +198,8 @@ class TorchPointToPoint:
         if batch is None:
             batch = self._batch = _RingBatch(source)
         future = batch.add(kind, tensors, peer, tag)
-        if len(batch.ops) >= batch.expected:
+        self._coalesced(future)
+        if batch.expected is not None and len(batch.ops) >= batch.expected:
             self._post(batch)
         return FutureWork(future, self.communicator.abort, post=lambda: self._post(batch))
 
@@ -196,6 +238,7 @@ class TorchPointToPoint:
                 future.set_exception(error)
 
         self._p2p_last[kind] = self._p2p_threads[kind].submit(task)
+        self._coalesced(future)
         return FutureWork(future, self.communicator.abort, source)
 
     def _drain_p2p(self):

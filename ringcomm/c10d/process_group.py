@@ -1,358 +1,103 @@
 """ringcomm as a torch.distributed backend: ``dist.init_process_group("ringcomm")``.
 
-``import ringcomm`` registers the backend (see :func:`register`). torch then builds a
-:class:`ProcessGroupRingcomm` from its store, rank, world size and timeout, and routes every
-collective to it: calls from Python (``dist.all_reduce``) reach these methods directly, calls
-from C++ (DDP's reducer, functional collectives) through torch's Python process-group trampoline.
-
-Synchronous calls run on the calling thread and, from Python, return None, which
-``torch.distributed`` accepts: nothing is allocated for a Work that would only be waited on.
-Asynchronous calls on CPU tensors (``async_op=True``, and every call DDP's reducer makes) are
-queued in call order on the communicator's worker thread and return at once, so DDP overlaps
-the backward pass with the buckets' all_reduce as it does on gloo; a synchronous call waits for
-the queued ones first. CUDA calls are ordered on the current stream instead.
-
-Under torch.compile the methods run as plain Python, never traced (see `dynamo.outside_dynamo`).
+``import ringcomm`` registers the backend (see :func:`register`). For each group torch calls
+:func:`_create` with the group's store, rank, size and timeout. On torch >= 2.14 that builds a
+:class:`RingcommGroup`: a torch ``ProcessGroup`` whose calls go through c10d's dispatch (and its
+hooks: the flight recorder, coalescing, reconfigure) to one :class:`RingcommBackend` registered
+for "cpu" and "cuda". On older torch the backend is the process group itself.
 """
 import torch
 import torch.distributed as dist
-from torch.autograd import profiler as _torch_profiler
 
-from .. import _C
-from ..communicator import Communicator
-from ..observe import calls, log
-from ..observe.calls import traced
-from ..ops import to_c_op
-from ..world.rendezvous import Rendezvous
+from .backend import NAME, RingcommBackend
+from .capabilities import BACKEND_PER_DEVICE
 from .dynamo import outside_dynamo
-from .point_to_point import TorchPointToPoint
-from .tensors import Contiguous, concatenated, unflatten_into
-from .work import CudaWork, FutureWork, completed, finish
 
-NAME = "ringcomm"
-_ALL_REDUCE, _BROADCAST = _C.Collective.all_reduce, _C.Collective.broadcast
-_SUM = _C.RedOp.sum
+DEVICES = ("cpu", "cuda")
 
-_RedOpType = dist.ReduceOp.RedOpType
-
-
-def _op(opts, call):
-    """_C.RedOp for the options' ReduceOp (SUM without options); PREMUL_SUM (a scaled sum) has
-    no ringcomm counterpart."""
-    if opts is None:
-        return _C.RedOp.sum
-    op = opts.reduceOp
-    c_op = _C_OPS.get(hash(op))
-    if c_op is None:
-        raise NotImplementedError(f"ringcomm backend: {call} does not support ReduceOp {op.op}")
-    return c_op
+# The calls that return a Work: the group runs them on its backend itself. A Work that a
+# backend written in Python returns through c10d's dispatch reaches the caller wrapped by torch
+# in one that forwards only wait() and get_future(): is_completed() would stay False for good
+# (a caller polling it would hang) and a receive from any source could not tell its sender.
+_CALLS_WITH_WORK = (
+    "allreduce", "allreduce_coalesced", "broadcast", "reduce", "allgather", "all_gather_single",
+    "_allgather_base", "allgather_coalesced", "all_gather_single_coalesced",
+    "allgather_into_tensor_coalesced", "gather", "scatter", "reduce_scatter",
+    "reduce_scatter_single", "_reduce_scatter_base", "reduce_scatter_single_coalesced",
+    "reduce_scatter_tensor_coalesced", "alltoall", "alltoall_base", "all_to_all_single", "send",
+    "recv", "recv_anysource", "barrier", "monitored_barrier")
 
 
-def _shared_ops():
-    """{hash(torch ReduceOp): _C.RedOp} for every torch op ringcomm has (ops.py's table):
-    keyed by hash, as a ReduceOp hashes as its RedOpType's value, while a ReduceOp as a key
-    costs ~1 us a lookup in pybind's __eq__."""
-    shared = {}
-    for kind in _RedOpType.__members__.values():
-        try:
-            shared[hash(dist.ReduceOp(kind))] = to_c_op(kind)
-        except (ValueError, RuntimeError, TypeError):  # PREMUL_SUM, UNUSED: not ringcomm's
-            continue
-    return shared
+def _on_backend(name):
+    def call(self, *args, **kwargs):
+        return getattr(self.backend, name)(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    return call
 
 
-_C_OPS = _shared_ops()
+class RingcommGroup(dist.ProcessGroup):
+    """A torch ``ProcessGroup`` over one :class:`RingcommBackend` for every device type.
 
+    It is torch's own class but for rank and size, which it reads from the backend: a
+    reconfigure renumbers them, and torch's ``Backend`` keeps the numbers it was built with."""
 
-class ProcessGroupRingcomm(dist.ProcessGroup):
-    """A torch.distributed process group whose collectives run on a ringcomm Communicator.
-
-    Built by torch for ``init_process_group("ringcomm")`` / ``new_group(backend="ringcomm")``;
-    ``self.communicator`` is the underlying :class:`ringcomm.Communicator`, built from the store
-    unless one of these ranks is given.
-    """
-
-    def __init__(self, store, rank, world_size, timeout, group_name="ringcomm", *,
-                 communicator=None):
-        super().__init__(rank, world_size)
-        if communicator is None:
-            # Keys named after the group: ranks outside a sub-group never build it, so a
-            # per-process count of communicators would drift between ranks.
-            rendezvous = Rendezvous.from_store(store, rank, world_size, timeout, name=group_name)
-            communicator = Communicator(rendezvous)
-        self.communicator = communicator
-        self._all_reduce_algorithm = self.communicator.default_algorithm("all_reduce")
-        self._rank, self._world_size = rank, world_size
-        self._group_name = self._group_desc = ""
-        self._p2p = TorchPointToPoint(communicator)
-
-    # -- identity (FSDP2 and torch's group registry use these) ---------------------------------
+    def __init__(self, store, backend):
+        rank, size = backend.rank_and_size
+        super().__init__(store, rank, size)
+        self.backend = backend
+        custom = dist.ProcessGroup.BackendType.CUSTOM
+        for device in DEVICES:
+            self._register_backend(torch.device(device), custom, backend)
+        self._set_default_backend(custom)
 
     def getBackendName(self):
         return NAME
 
-    def getGroupName(self):
-        return self._group_name
+    def getRank(self):
+        return self.backend.rank_and_size[0]
 
-    def setGroupName(self, name):
-        self._group_name = name
+    def getSize(self):
+        return self.backend.rank_and_size[1]
 
-    def getGroupDesc(self):
-        return self._group_desc
+    # torch's coalescing manager (batch_isend_irecv's) brackets its calls with these.
+    def _start_coalescing(self, device):
+        self.backend.start_coalescing()
 
-    def setGroupDesc(self, desc):
-        self._group_desc = desc
+    def _end_coalescing(self, device):
+        return self.backend.end_coalescing()
 
-    def abort(self):
-        # Abort first: close() waits for queued work, which may be waiting for a stalled peer.
-        self.communicator.abort("the process group was aborted")
-        self.communicator.close()
-
-    def shutdown(self):
-        self._p2p.shutdown()
-        self.communicator.close()
-
-    # -- collectives ---------------------------------------------------------------------------
-
-    def allreduce(self, tensors, opts=None):
-        # The hot path (a contiguous CPU tensor of a supported dtype) goes straight into the
-        # C++ ring, unless the communicator's options ask for more; the rest takes the checked
-        # route (Communicator.run_in_place). Observed as calls.traced would, inline.
-        if (log.tracing or _torch_profiler._is_profiler_enabled) and calls.wanted():
-            return calls.run("all_reduce", ProcessGroupRingcomm.allreduce, self,
-                             (tensors, opts), {})
-        op = _op(opts, "all_reduce")
-        comm, algorithm = self.communicator, self._all_reduce_algorithm
-
-        def body():
-            for t in tensors:
-                if t.is_contiguous():
-                    comm.run_in_place(_ALL_REDUCE, t, op, 0, algorithm)
-                else:
-                    with Contiguous(t) as c:
-                        comm.run_in_place(_ALL_REDUCE, c, op, 0, algorithm)
-
-        return self._collective(opts, tensors, body)
-
-    def allreduce_coalesced(self, tensors, opts=None):
-        return self.allreduce(tensors, opts)
-
-    def broadcast(self, tensors, opts=None):
-        if (log.tracing or _torch_profiler._is_profiler_enabled) and calls.wanted():
-            return calls.run("broadcast", ProcessGroupRingcomm.broadcast, self,
-                             (tensors, opts), {})
-        root = opts.rootRank if opts is not None else 0
-        comm = self.communicator
-
-        def body():
-            for t in tensors:
-                if t.is_contiguous():
-                    comm.run_in_place(_BROADCAST, t, _SUM, root)
-                else:
-                    with Contiguous(t) as c:
-                        comm.run_in_place(_BROADCAST, c, _SUM, root)
-
-        return self._collective(opts, tensors, body)
-
-    @traced("reduce")
-    def reduce(self, tensors, opts):
-        op = _op(opts, "reduce")
-
-        def body():
-            for t in tensors:
-                with Contiguous(t) as c:
-                    self.communicator.reduce(c, opts.rootRank, op.name)
-
-        return self._collective(opts, tensors, body)
-
-    @traced("all_gather")
-    def all_gather_single(self, output, input, opts=None):
-        def body():
-            with Contiguous(output) as out:
-                self.communicator.all_gather(out, input.contiguous())
-
-        return self._collective(opts, [output], body)
-
-    _allgather_base = all_gather_single
-
-    @traced("all_gather")
-    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
-        def body():
-            for output, input in zip(outputs, inputs, strict=True):
-                with Contiguous(output) as out:
-                    self.communicator.all_gather(out, input.contiguous())
-
-        return self._collective(opts, outputs, body)
-
-    allgather_into_tensor_coalesced = all_gather_single_coalesced
-
-    @traced("all_gather")
-    def allgather(self, output_lists, inputs, opts=None):
-        for outputs, input in zip(output_lists, inputs, strict=True):
-            self._check_list(outputs, input, "all_gather", "output_tensor_list")
-
-        def body():
-            for outputs, input in zip(output_lists, inputs, strict=True):
-                flat = input.new_empty(self._world_size * input.numel())
-                self.communicator.all_gather(flat, input.contiguous())
-                unflatten_into(flat, outputs)
-
-        return self._collective(opts, inputs, body, output_lists)
-
-    @traced("all_gather")
-    def allgather_coalesced(self, output_lists, inputs, opts=None):
-        def body():
-            flat_in = concatenated(inputs)
-            flat_out = flat_in.new_empty(self._world_size * flat_in.numel())
-            self.communicator.all_gather(flat_out, flat_in)
-            for rank, outputs in enumerate(output_lists):  # output_lists[r]: rank r's inputs
-                unflatten_into(flat_out[rank * flat_in.numel():(rank + 1) * flat_in.numel()],
-                                outputs)
-
-        return self._collective(opts, inputs, body, output_lists)
-
-    @traced("reduce_scatter")
-    def reduce_scatter_single(self, output, input, opts=None):
-        op = _op(opts, "reduce_scatter")
-
-        def body():
-            with Contiguous(output) as out:
-                self.communicator.reduce_scatter(out, input.contiguous(), op.name)
-
-        return self._collective(opts, [output], body)
-
-    _reduce_scatter_base = reduce_scatter_single
-
-    @traced("reduce_scatter")
-    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
-        op = _op(opts, "reduce_scatter")
-
-        def body():
-            for output, input in zip(outputs, inputs, strict=True):
-                with Contiguous(output) as out:
-                    self.communicator.reduce_scatter(out, input.contiguous(), op.name)
-
-        return self._collective(opts, outputs, body)
-
-    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
-
-    @traced("reduce_scatter")
-    def reduce_scatter(self, outputs, input_lists, opts=None):
-        op = _op(opts, "reduce_scatter")
-        for output, inputs in zip(outputs, input_lists, strict=True):
-            self._check_list(inputs, output, "reduce_scatter", "input_list")
-
-        def body():
-            for output, inputs in zip(outputs, input_lists, strict=True):
-                with Contiguous(output) as out:
-                    self.communicator.reduce_scatter(out, concatenated(inputs), op.name)
-
-        return self._collective(opts, outputs, body)
-
-    @traced("gather")
-    def gather(self, output_lists, inputs, opts):
-        (input,) = inputs
-        root = opts.rootRank
-        if self._rank == root:
-            self._check_list(output_lists[0], input, "gather", "gather_list")
-
-        def body():
-            flat = None
-            if self._rank == root:
-                flat = input.new_empty(self._world_size * input.numel())
-            self.communicator.gather(flat, input.contiguous(), root)
-            if flat is not None:
-                unflatten_into(flat, output_lists[0])
-
-        return self._collective(opts, inputs, body, output_lists)
-
-    @traced("scatter")
-    def scatter(self, outputs, input_lists, opts):
-        (output,) = outputs
-        root = opts.rootRank
-        if self._rank == root:
-            self._check_list(input_lists[0], output, "scatter", "scatter_list")
-
-        def body():
-            flat = concatenated(input_lists[0]) if self._rank == root else None
-            with Contiguous(output) as out:
-                self.communicator.scatter(out, flat, root)
-
-        return self._collective(opts, outputs, body)
-
-    # -- point-to-point and all-to-all ---------------------------------------------------------
-
-    @traced("send")
-    def send(self, tensors, dst, tag):
-        return self._p2p.send(tensors, dst, tag)
-
-    @traced("recv")
-    def recv(self, tensors, src, tag):
-        return self._p2p.recv(tensors, src, tag)
-
-    @traced("recv_any")
-    def recv_anysource(self, tensors, tag):
-        return self._p2p.recv_anysource(tensors, tag)
-
-    @traced("all_to_all")
-    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
-        return self._p2p.all_to_all_single(output, input, output_split_sizes, input_split_sizes,
-                                           opts)
-
-    alltoall_base = all_to_all_single
-
-    @traced("all_to_all")
-    def alltoall(self, outputs, inputs, opts=None):
-        return self._p2p.alltoall(outputs, inputs, opts)
-
-    @traced("barrier")
-    def barrier(self, opts=None):
-        # A barrier is an allreduce of nothing: every rank's first message needs every rank.
-        token = torch.zeros(1, dtype=torch.int8)
-        self.communicator.all_reduce(token)
-        return completed([token])
-
-    def monitored_barrier(self, *args, **kwargs):
-        raise NotImplementedError("ringcomm backend does not support monitored_barrier (a gloo "
-                                  "debugging aid); use barrier")
-
-    # -- helpers -------------------------------------------------------------------------------
-
-    def _collective(self, opts, tensors, body, result=None):
-        """Runs `body` now, or, for an asynchronous call on CPU tensors (``async_op=True``;
-        DDP's reducer and other C++ callers), queued in call order on the communicator's worker
-        thread, so the caller goes on (DDP: the backward pass) while it runs. The Work's
-        wait() raises what `body` raised; a later synchronous call runs after it."""
-        result = tensors if result is None else result
-        if opts is not None and opts.asyncOp and tensors and not tensors[0].is_cuda:
-            name = body.__qualname__.split(".<locals>")[0].rsplit(".", 1)[-1]  # "allreduce"
-            return FutureWork(self.communicator.submit(body, result, name),
-                              self.communicator.abort)
-        body()
-        return finish(opts, result)
-
-    def _check_list(self, tensors, like, call, what):
-        if len(tensors) != self._world_size:
-            raise ValueError(f"ringcomm backend: {call} needs {what} of {self._world_size} "
-                             f"tensors (one per rank), got {len(tensors)}")
-        for t in tensors:
-            if t.numel() != like.numel() or t.dtype != like.dtype:
-                raise ValueError(f"ringcomm backend: {call}: every tensor of {what} must have "
-                                 f"{like.numel()} elements of {like.dtype}, got {t.numel()} of "
-                                 f"{t.dtype}")
+    locals().update({name: _on_backend(name) for name in _CALLS_WITH_WORK})
 
 
-outside_dynamo(ProcessGroupRingcomm, TorchPointToPoint, FutureWork, CudaWork)
+outside_dynamo(RingcommGroup)
+
+
+def backend_of(group=None):
+    """The :class:`RingcommBackend` of a ringcomm group (default: the default group)."""
+    group = group or dist.group.WORLD
+    backend = group.backend if isinstance(group, RingcommGroup) else group
+    if not isinstance(backend, RingcommBackend):
+        raise TypeError(f"{group!r} is not a ringcomm process group")
+    return backend
+
+
+def group_over(backend, store):
+    """The torch process group whose calls `backend` runs (on torch < 2.14: itself)."""
+    return RingcommGroup(store, backend) if BACKEND_PER_DEVICE else backend
 
 
 def _create(options, backend_options):
     """torch's creator (extended API): store, rank, size, timeout and the group's name."""
-    return ProcessGroupRingcomm(options.store, options.group_rank, options.group_size,
-                                options.timeout, group_name=f"pg-{options.group_id}")
+    configured = not getattr(options, "enable_reconfigure", False)
+    backend = RingcommBackend(options.store, options.group_rank, options.group_size,
+                              options.timeout, group_name=f"pg-{options.group_id}",
+                              configured=configured)
+    return group_over(backend, options.store)
 
 
 def register():
     """Registers "ringcomm" with torch.distributed (done by ``import ringcomm``); idempotent."""
     if NAME.upper() in dist.Backend._plugins:
         return
-    dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["cpu", "cuda"])
+    dist.Backend.register_backend(NAME, _create, extended_api=True, devices=list(DEVICES))
