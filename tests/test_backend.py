@@ -13,7 +13,7 @@ import ringcomm
 from launcher import launch
 from ringcomm.c10d.backend import RingcommBackend
 from ringcomm.c10d.capabilities import BACKEND_PER_DEVICE
-from ringcomm.c10d.process_group import backend_of
+from ringcomm.c10d.process_group import _CALLS_WITH_WORK, backend_of
 from ringcomm.ops import torch_reduce_ops
 from sweep import DTYPES, make_input, op_valid, reduce_reference, wrong
 
@@ -431,3 +431,16 @@ def test_async_all_reduce_returns_before_the_data_is_reduced(tmp_path):
         assert seen["result"] == [3.0, 3.0, 3.0]
         assert seen["queued"] == [True, True, True, [2.0, 2.0, 2.0, 2.0]]
         assert seen["mismatch"] == "MismatchError", seen
+
+
+def test_the_group_hands_every_call_with_a_work_to_its_backend():
+    """On torch >= 2.14 the group runs each call that returns a Work on its backend itself
+    (through c10d, torch would hand the caller a Work that forwards only wait()): a collective
+    the backend defines but the group does not list would lose is_completed() there."""
+    # Identity and life cycle, which reach the backend through c10d.
+    through_c10d = {"getBackendName", "getGroupName", "setGroupName", "getGroupDesc",
+                    "setGroupDesc", "abort", "shutdown", "get_reconfigure_handle", "reconfigure"}
+    defined = {name for name, value in vars(RingcommBackend).items()
+               if callable(value) and not name.startswith("__")
+               and hasattr(dist.ProcessGroup, name)} - through_c10d
+    assert defined and defined <= set(_CALLS_WITH_WORK), defined - set(_CALLS_WITH_WORK)
