@@ -5,10 +5,10 @@ A handle names one process: ``ringcomm:<host>:<pid>:<token>``. Each is recorded 
 store when the backend is built, so a handle that this store never saw (another group's, a
 typo) is refused at once. A reconfigure then
 
-1. claims its uuid for its member list in the store (a uuid used before, by this process or for
+1. aborts the current communicator, which fails any call still waiting on it (on every rank
+   still attached to it) instead of letting it hang; it stays unusable if the reconfigure fails;
+2. claims its uuid for its member list in the store (a uuid used before, by this process or for
    other members, is refused: its keys would mix with the old configuration's);
-2. aborts the current communicator, which fails any call still waiting on it (on every rank
-   still attached to it) instead of letting it hang;
 3. waits, up to the timeout, for every member to arrive, naming those that did not;
 4. builds a new communicator whose rank is this handle's place in the list (a set: sorted).
 """
@@ -54,18 +54,19 @@ class Membership:
         self._used = set()
 
     def reconfigure(self, opts, current):
-        """Aborts `current` and returns (communicator, rank, world size) for `opts`'s members."""
-        handles = self._members(opts.handles)
+        """Aborts `current` and returns (communicator, rank, world size) for `opts`'s members.
+        The current communicator is gone even if this raises: its members are reconfiguring."""
         uuid = int(opts.uuid)
-        timeout = self.timeout if opts.timeout is None else timeout_seconds(opts.timeout)
-        self._claim(uuid, handles)
         current.abort(f"the group is being reconfigured (uuid {uuid})")
         current.close()
+        handles = self._members(opts.handles)
+        timeout = self.timeout if opts.timeout is None else timeout_seconds(opts.timeout)
+        self._claim(uuid, handles)
         keys = _RECONFIGURE + f"{uuid}/arrived/"
         self.store.set(keys + self.handle, b"1")
         self._await_members(keys, handles, uuid, timeout)
         rank = handles.index(self.handle)
-        rendezvous = Rendezvous.from_store(self.store, rank, len(handles), timeout,
+        rendezvous = Rendezvous.from_store(self.store, rank, len(handles), self.timeout,
                                            name=f"reconfigured-{uuid}", number=0)
         return Communicator(rendezvous), rank, len(handles)
 
