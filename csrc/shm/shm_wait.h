@@ -116,7 +116,7 @@ inline void wakeSleepers(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sle
 
 // Waits until ready(). `word` changes whenever ready() may have become true (see wakeSleepers);
 // `sleepers` counts the processes asleep on it. `checkAbort` raises when the transport was
-// aborted; `watch` (called now and then once the wait is slow) may raise too. Every futex slice
+// aborted; `watch` (called after every futex slice) may raise too. Every futex slice
 // (sleepMillis, or sooner when a signal lands on this thread) asks interruptRequested().
 template <typename Ready, typename CheckAbort, typename Watch>
 void waitUntil(Ready ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleepers,
@@ -157,7 +157,7 @@ void waitUntil(Ready ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& 
     }
     if (ready()) return finished(WaitStats::kYielding);
   }
-  for (int round = 0;; ++round) {
+  for (;;) {
     // Read the word, then announce the sleep, then look once more. Whoever makes us ready does
     // so, then reads the count and, if set, moves the word and wakes us (all sequentially
     // consistent): either we see it ready, or it sees the count, and then the futex either sees
@@ -173,10 +173,9 @@ void waitUntil(Ready ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& 
     if (done) return finished(WaitStats::kSleeping);
     checkAbort();
     if (interruptRequested()) throwInterrupted(target);
-    if ((round & 3) == 3) {
-      checkAlive(target);
-      watch();
-    }
+    // Every slice (a system call per ~20 ms asleep): a killed peer is noticed within one.
+    checkAlive(target);
+    watch();
     if (Clock::now() > deadline) throwWaitTimeout(policy, target);
   }
 }
