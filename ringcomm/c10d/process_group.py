@@ -6,6 +6,8 @@
 hooks: the flight recorder, coalescing, reconfigure) to one :class:`RingcommBackend` registered
 for "cpu" and "cuda". On older torch the backend is the process group itself.
 """
+import sys
+
 import torch
 import torch.distributed as dist
 
@@ -87,8 +89,20 @@ def group_over(backend, store):
     return RingcommGroup(store, backend) if BACKEND_PER_DEVICE else backend
 
 
+def _refuse_mixed_backends():
+    """Raises for a group that asks for ringcomm on some devices and another backend on others
+    ("cpu:ringcomm,cuda:gloo"): torch takes the process group ringcomm builds for all of them.
+    The device map is only in the frame that calls the creator (torch's group factory)."""
+    config = sys._getframe(2).f_locals.get("backend_config")
+    backends = set(config.get_device_backend_map().values()) if config is not None else set()
+    if len(backends) > 1:
+        raise ValueError(f"ringcomm serves every device of its group: backend '{config}' mixes it "
+                         "with another; make one group per backend (dist.new_group(backend=...))")
+
+
 def _create(options, backend_options):
     """torch's creator (extended API): store, rank, size, timeout and the group's name."""
+    _refuse_mixed_backends()
     configured = not getattr(options, "enable_reconfigure", False)
     backend = RingcommBackend(options.store, options.group_rank, options.group_size,
                               options.timeout, group_name=f"pg-{options.group_id}",

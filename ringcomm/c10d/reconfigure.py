@@ -5,8 +5,10 @@ A handle names one process: ``ringcomm:<host>:<pid>:<token>``. Each is recorded 
 store when the backend is built, so a handle that this store never saw (another group's, a
 typo) is refused at once. A reconfigure then
 
-1. aborts the current communicator, which fails any call still waiting on it (on every rank
-   still attached to it) instead of letting it hang; it stays unusable if the reconfigure fails;
+1. closes the current communicator once its queued calls have run (a peer's failure has aborted
+   it already, and an abort() from any thread ends a call that waits on a dead peer); it stays
+   unusable if the reconfigure fails. Aborting it here instead would fail peers that are still
+   finishing the last collective this rank has finished;
 2. claims its uuid for its member list in the store (a uuid used before, by this process or for
    other members, is refused: its keys would mix with the old configuration's);
 3. waits, up to the timeout, for every member to arrive, naming those that did not;
@@ -57,8 +59,7 @@ class Membership:
         """Aborts `current` and returns (communicator, rank, world size) for `opts`'s members.
         The current communicator is gone even if this raises: its members are reconfiguring."""
         uuid = int(opts.uuid)
-        current.abort(f"the group is being reconfigured (uuid {uuid})")
-        current.close()
+        current.close()  # after what is queued; a peer's failure has aborted it already
         handles = self._members(opts.handles)
         timeout = self.timeout if opts.timeout is None else timeout_seconds(opts.timeout)
         self._claim(uuid, handles)
@@ -74,25 +75,25 @@ class Membership:
         """The member list: as given (a list), or sorted (a set), checked."""
         members = list(handles) if isinstance(handles, (list, tuple)) else sorted(handles)
         if len(set(members)) != len(members):
-            raise ValueError(f"ringcomm reconfigure: a handle is listed twice in {members}")
+            raise RuntimeError(f"ringcomm reconfigure: a handle is listed twice in {members}")
         if self.handle not in members:
-            raise ValueError(f"ringcomm reconfigure: this process's handle {self.handle} is not "
+            raise RuntimeError(f"ringcomm reconfigure: this process's handle {self.handle} is not "
                              f"among the {len(members)} handles given")
         foreign = [h for h in members if not self.store.check([_MEMBERS + h])]
         if foreign:
-            raise ValueError(f"ringcomm reconfigure: handle(s) {foreign} were not issued by "
+            raise RuntimeError(f"ringcomm reconfigure: handle(s) {foreign} were not issued by "
                              "this group's store (another group's, or not ringcomm's)")
         return members
 
     def _claim(self, uuid, handles):
         listed = "\n".join(handles)
         if uuid in self._used:
-            raise ValueError(f"ringcomm reconfigure: uuid {uuid} was already used by this "
+            raise RuntimeError(f"ringcomm reconfigure: uuid {uuid} was already used by this "
                              "process: pass a fresh one on every reconfigure")
         held = self.store.compare_set(_RECONFIGURE + f"{uuid}/members", "", listed)
         held = held.decode() if isinstance(held, bytes) else held
         if held != listed:
-            raise ValueError(f"ringcomm reconfigure: uuid {uuid} was already used for other "
+            raise RuntimeError(f"ringcomm reconfigure: uuid {uuid} was already used for other "
                              f"members ({held.splitlines()}): pass a fresh one")
         self._used.add(uuid)
 
