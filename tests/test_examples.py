@@ -55,3 +55,15 @@ def test_plain_ddp_on_the_backend_matches_stock_ddp():
     out = run_example("train_ddp.py", "--steps", "4", "--warmup", "1", "--width", "64",
                       "--layers", "2", "--hooks", "allreduce_hook")
     assert "DDP on ringcomm against stock DDP: losses bitwise identical" in out, out
+
+
+def test_losing_a_rank_the_survivors_reconfigure_and_go_on():
+    import torch.distributed as dist
+
+    if not hasattr(dist, "_reconfigure"):
+        pytest.skip("this torch has no reconfigure API (dist._reconfigure, torch 2.14 or later)")
+    out = run_example("lose_a_rank.py", "--backend", "ringcomm", "--steps", "6", "--kill-at", "3",
+                      "--width", "64")
+    assert "generation 2: members [0, 2]" in out, out
+    assert "steps: 3 on 3 ranks before the kill, 3 on 2 ranks after" in out, out
+    assert "survivors' parameters: bitwise identical" in out, out
