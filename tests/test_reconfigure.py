@@ -299,6 +299,25 @@ def test_member_died(backend):
         assert (where, total) == ((rank, 2), 3)
 
 
+def test_a_failed_call_is_the_backends_error_until_it_is_reconfigured():
+    """ringcomm's get_error(), which fault-tolerance frameworks (torchft) read before they commit
+    a step: SUCCESS, COMM_ERROR once a collective failed on a dead peer, SUCCESS again on the
+    reconfigured group."""
+    def scenario(r):
+        configured(r, 1600)
+        if r.rank == 2:
+            dist.destroy_process_group()
+            os._exit(0)
+        before = r.backend_impl().get_error()
+        failure = refused(r.all_reduce)
+        failed = r.backend_impl().get_error()
+        r.reconfigure(1601, r.handles("survivors", ranks=[0, 1]))
+        return before.name, failure is not None, failed.name, r.backend_impl().get_error().name
+
+    got = launch("ringcomm", scenario, allow_exit=[2])
+    assert got[:2] == [("SUCCESS", True, "COMM_ERROR", "SUCCESS")] * 2
+
+
 @BACKENDS
 def test_collectives_before_reconfigure_raise(backend):
     def scenario(r):

@@ -110,6 +110,15 @@ class RingcommBackend(c10d.Backend if BACKEND_PER_DEVICE else dist.ProcessGroup)
     def end_coalescing(self):
         return self._p2p.end_batch()
 
+    def get_error(self):
+        """torch's error state of the backend (fault-tolerance frameworks ask it before they
+        commit a step): COMM_ERROR once a recent call failed, a peer's included."""
+        comm = self.communicator
+        if isinstance(comm, reconfigure.Unconfigured):
+            return c10d.ErrorType.SUCCESS
+        failed = any(call["state"] == "failed" for call in comm.flight_record(newest=8))
+        return c10d.ErrorType.COMM_ERROR if failed else c10d.ErrorType.SUCCESS
+
     @property
     def supports_reconfigure(self):
         return self._membership is not None
