@@ -1,6 +1,7 @@
-"""Per-call time of a small all_reduce through ringcomm's two Python entry points: the
-Communicator (``comm.all_reduce``) and the torch backend (``dist.all_reduce`` on a "ringcomm"
-group). At this size the ring moves a few bytes, so the time is the call's own path.
+"""Per-call time of a small all_reduce through ringcomm's layers: the core's own loop (C++ runs
+back to back, no Python between them), the Communicator (``comm.all_reduce``) and the torch
+backend (``dist.all_reduce`` on a "ringcomm" group). At this size the ring moves a few bytes, so
+the time is the call's own path, and the differences are what each layer adds.
 
     python bench/call_latency.py                          # 2 ranks, 8 bytes of float32
     python bench/call_latency.py --nproc 1 --blocks 200   # one rank: the Python path alone
@@ -52,6 +53,17 @@ def _block(call, calls):
     return (time.perf_counter() - start) / calls * 1e6
 
 
+def _core_loop(comm, t):
+    """`calls` -> us per call of the same all_reduce run back to back by the core itself
+    (_C.Communicator.time_runs): the floor under the Python layers."""
+    comm.all_reduce(t)  # sets up the ring
+    c_comm = comm._router.communicator_for("cpu", -1)
+    request = ringcomm._C.CollectiveRequest(
+        ringcomm._C.Collective.all_reduce, t.data_ptr(), 0, t.numel(), ringcomm._C.DataType.float32,
+        ringcomm._C.RedOp.sum, 0, comm.default_algorithm("all_reduce"))
+    return lambda calls: statistics.fmean(c_comm.time_runs(request, calls)) / 1e3
+
+
 def _rank(rank, world_size, init_file, args, results):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
@@ -60,16 +72,19 @@ def _rank(rank, world_size, init_file, args, results):
     unrecorded = ringcomm.Communicator(timeout=120, trace_buffer=0)
     group = dist.new_group(backend="ringcomm")
     t = torch.ones(max(1, args.bytes // 4))
-    paths = {"Communicator.all_reduce": lambda: comm.all_reduce(t),
+    core = _core_loop(comm, t)
+    paths = {"core loop (C++)": None,
+             "Communicator.all_reduce": lambda: comm.all_reduce(t),
              "dist.all_reduce (ringcomm group)": lambda: dist.all_reduce(t, group=group),
              "Communicator, trace_buffer=0": lambda: unrecorded.all_reduce(t)}
-    for call in paths.values():
+    core(args.warmup)
+    for call in filter(None, paths.values()):
         for _ in range(args.warmup):
             call()
     samples = {name: [] for name in paths}
     for _ in range(args.blocks):
         for name, call in paths.items():
-            samples[name].append(_block(call, args.calls))
+            samples[name].append(core(args.calls) if call is None else _block(call, args.calls))
     dist.barrier()
     comm.close()
     unrecorded.close()

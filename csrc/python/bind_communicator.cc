@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -60,6 +61,24 @@ void bindCollectives(ClassOfComm& comm) {
            "Runs one collective, on the caller's thread or (device transports) stream: a "
            "CollectiveRequest, or its fields positionally (collective, output, input, count, "
            "dtype, op, root, algorithm, wire_dtype, stream)")
+      .def(
+          "time_runs",
+          [](Comm& c, const CollectiveRequest& request, int calls) {
+            // The core's own floor: back-to-back runs with no Python between them (the bench's
+            // "core" layer). Nanoseconds per call, in call order.
+            std::vector<double> nanos(calls > 0 ? calls : 0);
+            for (double& n : nanos) {
+              const auto start = std::chrono::steady_clock::now();
+              c.run(request);
+              n = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() -
+                                                           start)
+                      .count();
+            }
+            return nanos;
+          },
+          py::arg("request"), py::arg("calls"), release,
+          "Runs `request` `calls` times back to back and returns each call's time (ns): what "
+          "a call costs in the core, without Python")
       .def("resolve_algorithm", &Comm::resolveAlgorithm, py::arg("algorithm"),
            py::arg("collective"), py::arg("bytes"),
            "The algorithm a collective of `bytes` runs with when `algorithm` is asked for");
