@@ -31,6 +31,7 @@ class Impl:
     run: object  # (coll, bufs) -> None
     sent: object = None  # () -> bytes this rank has sent or published so far, where it counts
     checked: bool = True  # its results are a collective's (a copy's are not)
+    in_place: bool = True  # has nccl-tests' in-place form (False: its in-place rows are N/A)
 
 
 @dataclass
@@ -108,13 +109,14 @@ class Bench:
             for inplace in variants:
                 bufs = coll.allocate(p, self.n, self.rank, self.dtype, self.device, inplace)
                 coll.init(bufs, pattern, self.n)
+                impls_here = [i for i in impls if i.in_place or not inplace]
                 rounds = {impl.name: [] for impl in impls}
                 calls = {impl.name: [] for impl in impls}
                 sent = {impl.name: [] for impl in impls}  # the most any rank sent per call
                 for r in range(self.s.rounds):
                     # Implementations alternate on the same buffers, each following every other
                     # in turn, so none keeps inheriting one neighbour's traces.
-                    for impl in (impls[i] for i in balanced_order(len(impls), r)):
+                    for impl in (impls_here[i] for i in balanced_order(len(impls_here), r)):
                         mean, laps, mine = self._time(impl, coll, bufs)
                         rounds[impl.name].append(max(self._every_rank(mean)))
                         if mine is not None:
@@ -123,7 +125,7 @@ class Bench:
                         bar.update()
                     if self.between_rounds:
                         self.between_rounds()
-                for impl in impls:
+                for impl in impls_here:
                     wrong = None
                     if self.s.check and impl.checked:
                         mine = self._wrong(impl, coll, bufs, pattern, p)

@@ -8,8 +8,10 @@ terms.
     python bench/run.py -b 8 -e 8 --algorithm ring,one_shot  # ringcomm algorithms side by side
     python bench/run.py -b 8 -e 8 --rounds 7 --load 2     # median of 7 rounds, 2 busy processes
     python bench/tune.py --nproc 4                         # every algorithm: thresholds, targets
+    python bench/run.py --baseline mpi --collective all   # MPI's collectives, under its mpiexec
 
-Spawns --nproc local ranks itself unless started by torchrun (RANK/WORLD_SIZE in the environment).
+Spawns --nproc local ranks itself unless started by torchrun (RANK/WORLD_SIZE in the environment);
+--baseline mpi starts them under MPI's mpiexec instead, unless started by one (bench/mpi_world.py).
 """
 import argparse
 import inspect
@@ -30,6 +32,7 @@ except ImportError:  # run from a source checkout: the package sits next to benc
 from collectives import COLLECTIVES, DTYPE_ALIASES, DTYPES, TORCH_OPS
 from harness import Bench, Impl, Settings
 import link_bound
+import mpi_world
 from machine_load import busy_load, cpu_times
 from nccl_table import table_header, table_row
 from plots import write_plot
@@ -38,7 +41,7 @@ from sizes import parse_size, sweep
 from timers import CopyCeiling, CoreRoundTrip
 from ringcomm.options import ALGORITHMS, check_algorithm
 
-BASELINES = ("auto", "gloo", "nccl", "nccl-ring", "ringcomm-pg", "copy", "none")
+BASELINES = ("auto", "gloo", "nccl", "nccl-ring", "ringcomm-pg", "copy", "mpi", "none")
 
 
 def parse_args(argv=None):
@@ -73,7 +76,11 @@ def parse_args(argv=None):
                         "every rank at once reads and rewrites its buffer (in place) or copies "
                         "it (out of place), exchanging nothing: the memory traffic an "
                         "all_reduce cannot avoid, so its busbw is the memory's bound; not "
-                        "checked")
+                        "checked; mpi: MPI's collectives (mpi4py, numpy buffers, CPU), the "
+                        "ranks started by its mpiexec (bench/mpi_world.py)")
+    p.add_argument("--mpi", default="auto", choices=("auto",) + mpi_world.KINDS,
+                   help="--baseline mpi: the MPI whose mpiexec starts the ranks; auto: the one "
+                        "beside this interpreter, else on PATH")
     p.add_argument("--json", metavar="PATH", help="write the records as a JSON list")
     p.add_argument("--plot", metavar="PATH", help="write a PNG of busbw against size")
     p.add_argument("--timeout", type=float, default=300, help="ringcomm communicator timeout (s)")
@@ -88,6 +95,12 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
 
     args.datatype = DTYPE_ALIASES.get(args.datatype, args.datatype)
+    if args.baseline == "mpi":
+        if args.device == "cuda":
+            p.error("--baseline mpi runs on CPU (MPI on numpy buffers)")
+        args.device = "cpu"
+        if args.datatype == "bfloat16" or args.op == "avg":
+            p.error("--baseline mpi: numpy has no bfloat16 and MPI no avg reduction")
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -145,7 +158,8 @@ def takes_algorithm(coll):
 def _ringcomm_impls(comm, coll, args, device):
     """ringcomm-NAME per --algorithm where the call takes one and runs it, else one "ringcomm"
     column."""
-    run = coll.ringcomm
+    # Beside MPI, ringcomm too is called on numpy views of the buffers (MPI's kind of buffer).
+    run = mpi_world.on_numpy(coll.ringcomm) if args.baseline == "mpi" else coll.ringcomm
 
     def counted():  # the shared-memory and TCP transports count; NCCL's do not
         stats = comm.stats()
@@ -236,6 +250,8 @@ def worker(rank, world, args, init_method):
         if args.link_rate:
             hosts = world // int(os.environ.get("LOCAL_WORLD_SIZE", world))
             print(link_bound.describe(args.link_rate, hosts, world), flush=True)
+        if args.baseline == "mpi":
+            print(mpi_world.describe(), flush=True)
         print("#", flush=True)
     dist.barrier(group=ctl)
     comm = None  # None where this build cannot run on the device (said once, not fatal)
@@ -246,7 +262,7 @@ def worker(rank, world, args, init_method):
     baseline = []
     if args.baseline == "copy":
         baseline.append(Impl("copy", copy_bound(), checked=False))
-    elif args.baseline != "none":
+    elif args.baseline not in ("none", "mpi"):  # mpi: per collective, below
         op = TORCH_OPS[args.op]
         # The backend path: the same torch.distributed calls, on a process group run by ringcomm.
         group = dist.new_group(backend="ringcomm") if args.baseline == "ringcomm-pg" else None
@@ -276,6 +292,8 @@ def worker(rank, world, args, init_method):
     for name in args.collective:
         coll = COLLECTIVES[name]
         impls = (_ringcomm_impls(comm, coll, args, device) if comm else []) + baseline
+        if args.baseline == "mpi":
+            impls += [i for i in [mpi_world.impl(coll, args)] if i]
         names = [i.name for i in impls]
         if rank == 0:
             print(table_header(names, _title(coll, args, world, device)),
@@ -344,15 +362,25 @@ def main(argv=None, report=None):
     args.report = report
     # How busy the machine was before we start, and its CPU time from here on (rank 0 reports).
     args.loadavg = os.getloadavg()
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun started us
+    if args.baseline == "mpi" and mpi_world.under_mpi():  # env:// from MPI's world, below
+        mpi_world.rendezvous()
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun (or mpiexec) started us
         if args.load:
             raise SystemExit("run.py: error: --load needs run.py to start the ranks itself")
+        if args.baseline == "mpi" and not mpi_world.under_mpi():
+            raise SystemExit("run.py: error: --baseline mpi: ranks started by mpiexec or run.py")
         args.cpu_before = cpu_times()
         worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args, "env://")
         return
     world = args.nproc or (torch.cuda.device_count() if args.device == "cuda" else 2)
     if not 0 <= args.root < world:
         raise SystemExit(f"run.py: error: --root {args.root} is not a rank of {world}")
+    if args.baseline == "mpi":  # the ranks started by MPI's mpiexec, running this script
+        code = mpi_world.relaunch(args, sys.argv[1:] if argv is None else list(argv), world,
+                                  Path(__file__).resolve())
+        if code:
+            raise SystemExit(code)
+        return
     with tempfile.TemporaryDirectory(prefix="ringcomm-bench-") as tmp, busy_load(args.load):
         args.cpu_before = cpu_times()
         # fork starts in a fraction of a second; CUDA cannot survive a fork, so spawn there.

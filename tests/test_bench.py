@@ -354,3 +354,66 @@ def test_core_round_trip_binds_a_thread_to_each_cpu_or_says_it_cannot():
     assert _testing.core_round_trip_ns(cpus[0], cpus[1], rounds=2000, samples=3) > 0
     with pytest.raises(ringcomm.RingcommError, match="cannot bind a thread to CPU"):
         _testing.core_round_trip_ns(cpus[0], 1023, rounds=10, samples=1)
+
+
+# -- --baseline mpi: MPI's collectives beside ringcomm's, the ranks started by MPI's mpiexec ----
+
+import mpi_world  # noqa: E402
+
+
+def _main_stops(argv):
+    import run
+
+    with pytest.raises(SystemExit) as stop:
+        run.main(argv)
+    return str(stop.value.code)
+
+
+def test_without_mpi_the_mpi_baseline_names_the_pip_command_in_one_line(monkeypatch):
+    """CI installs no [mpi] extra: --baseline mpi must stop with one line, not a traceback."""
+    for name in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # import mpi4py raises ImportError
+    message = _main_stops(["--baseline", "mpi", "--nproc", "2"])
+    assert "\n" not in message and "mpi4py is not installed" in message, message
+    assert "pip install 'ringcomm[mpi]'" in message and "pip install mpi4py mpich" in message
+    # mpi4py there, but no mpiexec beside the interpreter nor on PATH.
+    monkeypatch.setitem(sys.modules, "mpi4py", type(sys)("mpi4py"))
+    monkeypatch.setattr(mpi_world, "_mpiexecs", lambda: [])
+    message = _main_stops(["--baseline", "mpi", "--mpi", "mpich"])
+    assert "\n" not in message and "no mpiexec of mpich found" in message, message
+    assert "pip install mpi4py mpich" in message
+
+
+def test_mpi_kinds_are_told_by_their_version_text():
+    assert mpi_world.kind_of("mpiexec (Open MPI) 5.0.11") == "openmpi"
+    assert mpi_world.kind_of("HYDRA build details:\n    Version: 5.0.2") == "mpich"
+    assert mpi_world.kind_of("MPICH Version:      5.0.2") == "mpich"
+    assert mpi_world.kind_of("Intel(R) MPI Library for Linux* OS, Version 2021.18") == "impi"
+    assert mpi_world.kind_of("something else") is None
+
+
+@pytest.mark.system  # runs the benchmark under mpiexec
+def test_mpi_baseline_runs_under_mpiexec_and_checks_mpis_results(tmp_path):
+    pytest.importorskip("mpi4py", reason="mpi4py not installed (pip install 'ringcomm[mpi]')")
+    try:
+        kind, _ = mpi_world.find()
+    except SystemExit as stop:  # no mpiexec, or mpi4py cannot load its MPI
+        pytest.skip(str(stop.code))
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "run.py"), "--baseline", "mpi", "--nproc", "2",
+           "-b", "8", "-e", "4K", "-f", "32", "-n", "2", "-w", "1", "--collective", "all",
+           "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = json.loads(out.read_text())
+    assert {r["collective"] for r in records} == set(COLLECTIVES)
+    assert {r["impl"] for r in records} == {"ringcomm", kind}
+    for r in records:
+        assert KEYS <= r.keys() and r["nranks"] == 2 and r["device"] == "cpu", r
+        assert r["wrong"] == 0 and r["time_us"] > 0, r  # MPI's results are checked too
+    mpi = {(r["collective"], r["inplace"]) for r in records if r["impl"] == kind}
+    assert {("all_reduce", True), ("all_gather", False), ("all_gather", True)} <= mpi
+    # MPI's in-place reduce_scatter puts the block elsewhere than nccl-tests: not measured.
+    assert ("reduce_scatter", False) in mpi and ("reduce_scatter", True) not in mpi
+    assert f"ringcomm/{kind} busbw" in proc.stdout and "# MPI: " in proc.stdout
