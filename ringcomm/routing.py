@@ -15,7 +15,7 @@ import torch
 from torch.autograd import profiler as _torch_profiler
 
 from . import _C, checks, prechecks, waiting, work
-from .buffers import NUMPY_C_DTYPES, TORCH_C_DTYPES
+from .buffers import TORCH_C_DTYPES
 from .in_order_queue import InOrderQueue, on_worker
 from .observe import calls, log
 from .observe.flight_record import queued
@@ -59,9 +59,10 @@ class Router:
 
         The hot path is :meth:`try_run_now`'s, inlined: a contiguous, writable CPU torch tensor
         or numpy array of a supported dtype, when nothing more is asked of the call, goes to the
-        ring at once, its address, count and dtype read straight into the ring's positional
-        arguments (a request object, a Buffer or one more call would each cost a tenth of such
-        a call or more). Anything else, or what the hot path declines, is checked and routed
+        ring at once, a tensor's address, count and dtype read straight into the ring's
+        positional arguments (a request object, a Buffer or one more call would each cost a
+        tenth of such a call or more), a numpy array handed to the core as it is
+        (``run_array``: numpy's address costs Python more than the whole call). Anything else, or what the hot path declines, is checked and routed
         as every collective is, its request built once."""
         if (log.tracing or _torch_profiler._is_profiler_enabled) and calls.wanted():
             name = "all_reduce" if collective == _ALL_REDUCE else "broadcast"
@@ -73,10 +74,15 @@ class Router:
                 dtype = TORCH_C_DTYPES.get(array.dtype)
                 if dtype is not None and array.is_cpu and array.is_contiguous():
                     address, count = array.data_ptr(), array.numel()
-            elif isinstance(array, np.ndarray):
-                dtype, flags = NUMPY_C_DTYPES.get(array.dtype), array.flags
-                if dtype is not None and flags.c_contiguous and flags.writeable:
-                    address, count = array.ctypes.data, array.size
+            elif isinstance(array, np.ndarray) and wire_dtype is None:  # read in C++: cheaper
+                self._lock.acquire()
+                try:
+                    comm = self._cpu
+                    if (comm is not None and (self._queue.last is None or on_worker())
+                            and comm.run_array(collective, array, op, root, algorithm)):
+                        return array
+                finally:
+                    self._lock.release()
             if address:
                 self._lock.acquire()  # not `with`, which costs twice as much
                 try:

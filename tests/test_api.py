@@ -160,15 +160,29 @@ def numpy_calls(rank, n):
     frozen.flags.writeable = False
     with pytest.raises(ValueError, match="read-only"):
         comm.broadcast(frozen)
+    with pytest.raises(TypeError, match=">f4, which ringcomm does not support"):
+        comm.all_reduce(np.ones(3, dtype=np.dtype(np.float32).newbyteorder()))
+    # Every dtype numpy shares with ringcomm (its address read in C++), and an empty array.
+    maxima = {np.dtype(t).name: (np.arange(7) % 3 + rank).astype(t) for t in NUMPY_TYPES}
+    for a in maxima.values():
+        comm.all_reduce(a, op="max" if a.dtype != np.bool_ else "lor")
+    comm.all_reduce(np.ones(0, dtype=np.float32))
     comm.close()
-    return summed, copied
+    return summed, copied, maxima
+
+
+NUMPY_TYPES = (np.float32, np.float64, np.float16, np.int8, np.uint8, np.int32, np.int64, np.bool_)
 
 
 def test_numpy_arrays_reduce_and_broadcast_exactly_and_bad_ones_are_refused():
     n = 2
-    for summed, copied in launch(n, numpy_calls):
+    for summed, copied, maxima in launch(n, numpy_calls):
         assert summed.tolist() == [n * i + sum(range(n)) for i in range(6)]
         assert copied.dtype == np.float32 and copied.tolist() == [1.0] * 5
+        for t in NUMPY_TYPES:
+            expected = (np.arange(7) % 3 + n - 1).astype(t)
+            got = maxima[np.dtype(t).name]
+            assert got.dtype == expected.dtype and got.tolist() == expected.tolist(), t
 
 
 def test_schedule_is_exported():
