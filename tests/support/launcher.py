@@ -6,6 +6,7 @@ the parent with the worker's traceback; a run past `timeout` kills every worker 
 
 Workers are forked by default (a fraction of a second each); start_method="spawn" starts fresh
 interpreters, which a process that has used CUDA needs (then `fn` must be importable by name)."""
+import gc
 import multiprocessing
 import os
 import pickle
@@ -97,6 +98,10 @@ def _collect(procs, results, world_size, allow_exit, timeout):
     without reporting (a crash, not an exception) ends the wait at once, and a rank's failure
     FAILURE_GRACE_S later (time for the others' reports): their peers would only wait for them
     until the deadline."""
+    # Garbage the parent left (earlier tests' process groups, Works, futures) is collected here,
+    # not in the forked children: freeing torch's c10d objects there can crash (their threads
+    # and locks do not survive a fork).
+    gc.collect()
     for p in procs:
         p.start()
         started_pids.append(p.pid)
