@@ -1,7 +1,7 @@
 """pin_cores: the ranks of a host split its CPUs and each rank's calling thread (with the
 threads it starts later) keeps to its share, unless the user or a launcher bound them, ranks
 are threads of one process, or there are more ranks than CPUs. Real processes; expectations
-follow this machine's CPUs."""
+follow the CPUs of the host the tests run on."""
 import os
 import threading
 
