@@ -62,35 +62,32 @@ class Router:
         ring at once, a tensor's address, count and dtype read straight into the ring's
         positional arguments (a request object, a Buffer or one more call would each cost a
         tenth of such a call or more), a numpy array handed to the core as it is
-        (``run_array``: numpy's address costs Python more than the whole call). Anything else, or what the hot path declines, is checked and routed
-        as every collective is, its request built once."""
+        (``run_array``: numpy's address costs Python more than the whole call). Anything else,
+        or what the hot path declines, is checked and routed as every collective is, its
+        request built once."""
         if (log.tracing or _torch_profiler._is_profiler_enabled) and calls.wanted():
             name = "all_reduce" if collective == _ALL_REDUCE else "broadcast"
             arguments = (collective, array, op, root, algorithm, wire_dtype, async_op)
             return calls.run(name, Router.run_in_place, self, arguments, {})
         if not (async_op or self.debug or self.check_finite):
-            address = 0  # stays 0 unless `array` is plain CPU memory the ring can take as it is
+            address = 0  # stays 0 unless `array` is a CPU tensor the ring can take as it is
             if isinstance(array, torch.Tensor):
                 dtype = TORCH_C_DTYPES.get(array.dtype)
                 if dtype is not None and array.is_cpu and array.is_contiguous():
                     address, count = array.data_ptr(), array.numel()
-            elif isinstance(array, np.ndarray) and wire_dtype is None:  # read in C++: cheaper
-                self._lock.acquire()
-                try:
-                    comm = self._cpu
-                    if (comm is not None and (self._queue.last is None or on_worker())
-                            and comm.run_array(collective, array, op, root, algorithm)):
-                        return array
-                finally:
-                    self._lock.release()
-            if address:
+            # A numpy array's address, dtype and flags are read in C++ (much cheaper).
+            numpy = not address and wire_dtype is None and isinstance(array, np.ndarray)
+            if address or numpy:
                 self._lock.acquire()  # not `with`, which costs twice as much
                 try:
                     comm = self._cpu
                     if comm is not None and (self._queue.last is None or on_worker()):
-                        comm.run(collective, address, 0, count, dtype, op, root, algorithm,
-                                 wire_dtype, 0)
-                        return array
+                        if not numpy:
+                            comm.run(collective, address, 0, count, dtype, op, root, algorithm,
+                                     wire_dtype, 0)
+                            return array
+                        if comm.run_array(collective, array, op, root, algorithm):
+                            return array
                 finally:
                     self._lock.release()
         buf = checks.writable(array, "tensor")

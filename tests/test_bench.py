@@ -103,21 +103,25 @@ def test_run_writes_checked_records(tmp_path):
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def _bench_records(tmp_path, *args, timeout=120):
+    """bench/run.py run with `args`: the records it wrote as JSON, and what it printed."""
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "run.py"), *args, "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(out.read_text()), proc.stdout
+
+
 @pytest.mark.system  # runs the benchmark script
 def test_the_copy_baseline_times_each_ranks_copy_and_checks_nothing(tmp_path):
     """--baseline copy: every rank copies its buffer, exchanging nothing; the ratio column then
     says how close ringcomm comes to the memory's bound."""
-    out = tmp_path / "bench.json"
-    cmd = [sys.executable, str(ROOT / "bench" / "run.py"), "--device", "cpu", "--nproc", "2",
-           "-b", "1K", "-e", "64K", "-f", "64", "-n", "2", "-w", "1", "--baseline", "copy",
-           "--json", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=_env())
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    records = json.loads(out.read_text())
+    records, printed = _bench_records(tmp_path, "--device", "cpu", "--nproc", "2", "-b", "1K", "-e", "64K",
+                                      "-f", "64", "-n", "2", "-w", "1", "--baseline", "copy")
     copies = [r for r in records if r["impl"] == "copy"]
     assert len(copies) == 2 and all(r["wrong"] is None and r["time_us"] > 0 for r in copies)
     assert all(r["wrong"] == 0 for r in records if r["impl"] == "ringcomm")
-    assert "ringcomm/copy busbw" in proc.stdout
+    assert "ringcomm/copy busbw" in printed
 
 
 # -- bench/tune.py: every algorithm, thresholds, targets ----------------------------------------
@@ -400,13 +404,9 @@ def test_mpi_baseline_runs_under_mpiexec_and_checks_mpis_results(tmp_path):
         kind, _ = mpi_world.find()
     except SystemExit as stop:  # no mpiexec, or mpi4py cannot load its MPI
         pytest.skip(str(stop.code))
-    out = tmp_path / "bench.json"
-    cmd = [sys.executable, str(ROOT / "bench" / "run.py"), "--baseline", "mpi", "--nproc", "2",
-           "-b", "8", "-e", "4K", "-f", "32", "-n", "2", "-w", "1", "--collective", "all",
-           "--json", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=_env())
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    records = json.loads(out.read_text())
+    records, printed = _bench_records(tmp_path, "--baseline", "mpi", "--nproc", "2", "-b", "8",
+                                      "-e", "4K", "-f", "32", "-n", "2", "-w", "1",
+                                      "--collective", "all", timeout=180)
     assert {r["collective"] for r in records} == set(COLLECTIVES)
     assert {r["impl"] for r in records} == {"ringcomm", kind}
     for r in records:
@@ -416,4 +416,4 @@ def test_mpi_baseline_runs_under_mpiexec_and_checks_mpis_results(tmp_path):
     assert {("all_reduce", True), ("all_gather", False), ("all_gather", True)} <= mpi
     # MPI's in-place reduce_scatter puts the block elsewhere than nccl-tests: not measured.
     assert ("reduce_scatter", False) in mpi and ("reduce_scatter", True) not in mpi
-    assert f"ringcomm/{kind} busbw" in proc.stdout and "# MPI: " in proc.stdout
+    assert f"ringcomm/{kind} busbw" in printed and "# MPI: " in printed

@@ -47,7 +47,9 @@ class RingcommBackend(c10d.Backend if BACKEND_PER_DEVICE else dist.ProcessGroup)
     def __init__(self, store, rank, world_size, timeout, group_name="ringcomm", *,
                  communicator=None, configured=True):
         super().__init__(rank, world_size)
-        self._membership = reconfigure.Membership(store, timeout) if store is not None else None
+        # Handles for torch's reconfigure API (torch >= 2.14 only has it).
+        self._membership = (reconfigure.Membership(store, timeout)
+                            if BACKEND_PER_DEVICE and store is not None else None)
         if communicator is None:
             if configured:
                 # Keys named after the group: ranks outside a sub-group never build it, so a
