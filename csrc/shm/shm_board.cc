@@ -63,10 +63,9 @@ const void* ShmBoard::read(int phase, uint32_t round, const Envelope& expected,
   std::atomic<uint32_t>& published = control_->published[phase];
   auto ready = [&] { return reached(published.load(std::memory_order_acquire), round); };
   if (!ready()) {
-    const std::string what = detail::concat("publish phase ", phase, " of ",
-                                            describeCollective(expected));
-    waitUntil(ready, published, control_->sleepers[phase], policy,
-              WaitTarget{owner(), nullptr, what.c_str()}, [this] { throwIfAborted(); }, watch);
+    const WaitTarget target{owner(), nullptr, "", &expected, phase};
+    waitUntil(ready, published, control_->sleepers[phase], policy, target,
+              [this] { throwIfAborted(); }, watch);
   }
   const PublicationHeader* got = header(phase, round);
   checkEnvelope(control_->header.ownerRank, got->envelope, expected, EnvelopeFrom::Publication);

@@ -88,27 +88,32 @@ bool processAlive(pid_t pid) {
   return close == std::string::npos || close + 2 >= line.size() || line[close + 2] != 'Z';
 }
 
+std::string WaitTarget::description() const {
+  if (publication == nullptr) return what;
+  return detail::concat("publish phase ", phase, " of ", describeCollective(*publication));
+}
+
 void checkAlive(const WaitTarget& target) {
   const Peer& awaited = target.awaited;
   if (!processAlive(awaited.pid))
     RC_THROW_AS(PeerError, "rank ", awaited.rank, " (process ", awaited.pid,
-                ") died while this rank was waiting for it to ", target.what);
+                ") died while this rank was waiting for it to ", target.description());
   if (target.watched == nullptr) return;
   for (const Peer& other : *target.watched)
     if (!processAlive(other.pid))
       RC_THROW_AS(PeerError, "rank ", other.rank, " (process ", other.pid,
                   ") died while this rank was waiting for rank ", awaited.rank, " to ",
-                  target.what);
+                  target.description());
 }
 
 void throwWaitTimeout(const WaitPolicy& policy, const WaitTarget& target) {
   RC_THROW_AS(TimeoutError, "timed out after ", policy.timeoutSeconds, " s waiting for rank ",
-              target.awaited.rank, " to ", target.what);
+              target.awaited.rank, " to ", target.description());
 }
 
 void throwInterrupted(const WaitTarget& target) {
   RC_THROW_AS(InterruptedError, "interrupted by a signal while waiting for rank ",
-              target.awaited.rank, " to ", target.what);
+              target.awaited.rank, " to ", target.description());
 }
 
 }  // namespace ringcomm

@@ -16,11 +16,13 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "ringcomm/error.h"
 #include "ringcomm/interrupt.h"
 #include "ringcomm/traffic_counters.h"
+#include "ringcomm/types.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -51,6 +53,12 @@ struct WaitTarget {
   Peer awaited;
   const std::vector<Peer>* watched = nullptr;  // other processes whose death ends the wait too
   const char* what = "";
+  // Or a publication of `phase` matching this envelope: described only when an error names it
+  // (formatting it costs a small call more than the wait).
+  const Envelope* publication = nullptr;
+  int phase = 0;
+
+  std::string description() const;
 };
 
 bool processAlive(pid_t pid);
