@@ -4,6 +4,8 @@
 // in call_bracket.cc; failure, abort, close and traffic are in communicator_state.cc.
 #include "ringcomm/communicator.h"
 
+#include <functional>
+
 #include "ringcomm/error.h"
 
 namespace ringcomm {
@@ -43,8 +45,8 @@ void Communicator::execute(const PlannedCollective& c) {
                        c.spec, true);
     return;
   }
-  FlightRecorder::plan(c.progress, c.plan.steps.size());
-  Executor(*transport_, *reducer_, options_.sliceBytes).run(c);
+  FlightRecorder::plan(c.progress, c.plan->steps.size());
+  Executor(*transport_, *reducer_, options_.sliceBytes, executorScratch_).run(c);
 }
 
 namespace {
@@ -114,18 +116,18 @@ void Communicator::run(const CollectiveRequest& r) {
   const bool inPlace = collectiveInfo(r.collective).layout == Layout::InPlace;
   const size_t bytes = r.count * (inPlace ? 1 : worldSize_) * dataTypeSize(r.type);
   PlannedCollective c;
-  c.plan = makePlan({r.collective, rank_, worldSize_, r.count, r.root,
+  c.plan = &plans_.get({r.collective, rank_, worldSize_, r.count, r.root,
                      chunkAlignment(r.type, wireType),
                      resolveAlgorithm(r.algorithm, r.collective, bytes)});
   const LocalCopy copy = mapBuffers(r, rank_, worldSize_, c);
   prepare(c, r.op, r.type, wireType, r.avgDivisor);
-  CallName call = describe(r, c.sequence, algorithmName(c.plan.request.algorithm));
+  CallName call = describe(r, c.sequence, algorithmName(c.plan->request.algorithm));
   // A ring plan's device work depends on the request alone: a device transport may record it
   // and replay it for the same request (the one-hop plans keep per-round host state).
   ReplayKey key{static_cast<int>(r.collective), static_cast<int>(r.type), static_cast<int>(r.op),
-                r.root, static_cast<int>(c.plan.request.algorithm), static_cast<int>(wireType),
+                r.root, static_cast<int>(c.plan->request.algorithm), static_cast<int>(wireType),
                 r.output, r.input, r.count};
-  if (c.plan.request.algorithm == Algorithm::Ring && worldSize_ > 1) {
+  if (c.plan->request.algorithm == Algorithm::Ring && worldSize_ > 1) {
     call.replay = &key;
     recorder_->name(call);  // a replay is recorded as it was launched
     try {
@@ -139,12 +141,13 @@ void Communicator::run(const CollectiveRequest& r) {
       throw;
     }
   }
-  collective(r.stream, call, [&] {
+  auto body = [&] {
     if (copy.bytes > 0 && copy.to != copy.from)
       reducer_->copy(copy.to, nullptr, copy.from, copy.bytes);
     c.progress = current_;  // the executor marks its steps in this call's record
     execute(c);
-  });
+  };
+  collective(r.stream, call, std::ref(body));  // by reference: a std::function copy allocates
 }
 
 }  // namespace ringcomm

@@ -22,45 +22,45 @@ char* locate(const BufferView& view, const Range& range, size_t elemSize, const 
 
 }  // namespace
 
-Executor::Executor(Transport& transport, Reducer& reducer, size_t sliceBytes)
-    : transport_(transport), reducer_(reducer), sliceBytes_(sliceBytes) {}
+Executor::Executor(Transport& transport, Reducer& reducer, size_t sliceBytes, Scratch& scratch)
+    : transport_(transport), reducer_(reducer), sliceBytes_(sliceBytes), scratch_(scratch) {}
 
 void Executor::run(const PlannedCollective& c) {
   const size_t elemSize =
       std::max(dataTypeSize(c.spec.type), dataTypeSize(c.spec.wireType));
   // One-hop plans run one publication round per column, each publication at most
   // publishBytes(); ring plans one message per slice.
-  const bool oneHop = usesPublications(c.plan);
-  const size_t pieces = oneHop ? std::max<size_t>(1, chunksPerPublication(c.plan)) : 1;
+  const bool oneHop = usesPublications(*c.plan);
+  const size_t pieces = oneHop ? std::max<size_t>(1, chunksPerPublication(*c.plan)) : 1;
   const size_t limit = oneHop ? transport_.publishBytes() : transport_.maxMessageBytes();
-  RC_CHECK(!oneHop || limit > 0, algorithmName(c.plan.request.algorithm),
+  RC_CHECK(!oneHop || limit > 0, algorithmName(c.plan->request.algorithm),
            " needs a transport with publications (shared memory); this one has none: use ring");
   const size_t sliceBytes = oneHop ? limit / pieces : std::min(sliceBytes_, limit);
   size_t sliceElems = std::max<size_t>(1, sliceBytes / elemSize);
   // Slices start where chunks do: on 16-byte boundaries, whenever a slice holds that much.
-  const size_t align = c.plan.request.alignElems;
+  const size_t align = c.plan->request.alignElems;
   if (sliceElems > align) sliceElems -= sliceElems % align;
   RC_CHECK(sliceElems * elemSize * pieces <= limit, "a ", elemSize,
            "-byte element does not fit the transport's ", oneHop ? "publications" : "messages");
   const size_t wireSize = dataTypeSize(c.spec.wireType);
 
-  Envelope envelope = collectiveHeader(c.plan.request.collective, c.plan.request.count,
-                                       c.spec.type, c.spec.op, c.plan.request.root,
-                                       c.spec.wireType, c.plan.request.algorithm);
+  Envelope envelope = collectiveHeader(c.plan->request.collective, c.plan->request.count,
+                                       c.spec.type, c.spec.op, c.plan->request.root,
+                                       c.spec.wireType, c.plan->request.algorithm);
   envelope.sequence = c.sequence;
 
-  const size_t columns = columnCount(c.plan, sliceElems);
+  const size_t columns = columnCount(*c.plan, sliceElems);
   // Per publication phase, the plan's first step that reads it: each round declares the
   // phase's publication sizes there.
   std::array<const Step*, 2> firstRead{nullptr, nullptr};
-  for (const Step& s : c.plan.steps) {
+  for (const Step& s : c.plan->steps) {
     if (s.kind != StepKind::Read) continue;
     RC_CHECK(s.readPhase == 0 || s.readPhase == 1, "publication phase ", s.readPhase,
              " is not 0 or 1");
     if (firstRead[s.readPhase] == nullptr) firstRead[s.readPhase] = &s;
   }
   auto runColumn = [&](size_t i, size_t column) {
-    const Step& step = c.plan.steps[i];
+    const Step& step = c.plan->steps[i];
     Range slice = sliceOf(step.range, column, sliceElems);
     envelope.bytes = slice.count * wireSize;
     envelope.offset = slice.offset;
@@ -73,8 +73,8 @@ void Executor::run(const PlannedCollective& c) {
         runStep(c, step, slice, envelope);
     } catch (const Error& e) {
       // Name the collective and the step: the transport only knows the peer.
-      std::string where = detail::concat(collectiveName(c.plan.request.collective), " #",
-                                         c.sequence, " (step ", i, " of ", c.plan.steps.size(),
+      std::string where = detail::concat(collectiveName(c.plan->request.collective), " #",
+                                         c.sequence, " (step ", i, " of ", c.plan->steps.size(),
                                          oneHop ? ", round " : ", slice ", column, " of ",
                                          columns, "): ");
       rethrowWithPrefix(e, where);
@@ -85,8 +85,8 @@ void Executor::run(const PlannedCollective& c) {
   const size_t wave = oneHop ? 1 : std::max<size_t>(1, transport_.columnsPerWave());
   for (size_t first = 0; first < columns; first += wave) {
     const size_t end = std::min(columns, first + wave);
-    for (size_t i = 0; i < c.plan.steps.size(); ++i) {
-      if (c.plan.steps[i].kind == StepKind::Ack) {  // acks close the last column only
+    for (size_t i = 0; i < c.plan->steps.size(); ++i) {
+      if (c.plan->steps[i].kind == StepKind::Ack) {  // acks close the last column only
         if (end == columns) runColumn(i, columns - 1);
         continue;
       }
@@ -96,9 +96,9 @@ void Executor::run(const PlannedCollective& c) {
 }
 
 Envelope Executor::publication(const PlannedCollective& c, const Envelope& header, int chunk,
-                               size_t column, size_t sliceElems,
-                               std::vector<Range>& pieces) const {
-  pieces = columnPieces(c.plan, chunk, column, sliceElems);
+                               size_t column, size_t sliceElems) const {
+  std::vector<Range>& pieces = scratch_.pieces;
+  columnPieces(*c.plan, chunk, column, sliceElems, pieces);
   size_t count = 0;
   for (const Range& piece : pieces) count += piece.count;
   Envelope envelope = header;
@@ -109,11 +109,11 @@ Envelope Executor::publication(const PlannedCollective& c, const Envelope& heade
 
 void Executor::declarePublications(const PlannedCollective& c, int phase, size_t column,
                                    size_t sliceElems, const Envelope& header) {
-  std::vector<size_t> bytes(c.plan.request.worldSize, 0);
-  std::vector<Range> pieces;
-  for (const Step& s : c.plan.steps)
+  std::vector<size_t>& bytes = scratch_.bytes;
+  bytes.assign(c.plan->request.worldSize, 0);
+  for (const Step& s : c.plan->steps)
     if (s.readFrom >= 0 && s.readPhase == phase)
-      bytes[s.readFrom] = publication(c, header, s.publishedChunk, column, sliceElems, pieces).bytes;
+      bytes[s.readFrom] = publication(c, header, s.publishedChunk, column, sliceElems).bytes;
   transport_.expectPublished(phase, bytes);
 }
 
@@ -121,11 +121,11 @@ void Executor::runOneHopStep(const PlannedCollective& c, const Step& step, size_
                              size_t sliceElems, const Envelope& header, bool firstReadOfPhase) {
   const size_t elemSize = dataTypeSize(c.spec.type), wireSize = dataTypeSize(c.spec.wireType);
   const bool sameType = c.spec.type == c.spec.wireType;
-  std::vector<Range> pieces;
+  const std::vector<Range>& pieces = scratch_.pieces;  // what publication() laid out last
   if (step.kind != StepKind::Read) {  // publish local data: every piece, packed
     RC_CHECK(step.kind == StepKind::Publish && !step.reduce && !step.store,
              "a one-hop step that reads no publication can only publish");
-    const Envelope mine = publication(c, header, step.chunk, column, sliceElems, pieces);
+    const Envelope mine = publication(c, header, step.chunk, column, sliceElems);
     char* out = static_cast<char*>(transport_.acquirePublish(step.publishPhase, mine.bytes));
     for (const Range& piece : pieces) {
       const char* local = locate(c.input, piece, elemSize, "read");
@@ -142,7 +142,7 @@ void Executor::runOneHopStep(const PlannedCollective& c, const Step& step, size_
   const Range slice = sliceOf(step.range, column, sliceElems);
   if (firstReadOfPhase) declarePublications(c, step.readPhase, column, sliceElems, header);
   const Envelope expected =
-      publication(c, header, step.publishedChunk, column, sliceElems, pieces);
+      publication(c, header, step.publishedChunk, column, sliceElems);
   size_t before = 0;  // elements of the publication packed ahead of this step's chunk
   if (step.publishedChunk < 0 && step.chunk >= 0)
     for (int i = 0; i < step.chunk; ++i) before += pieces.at(i).count;
@@ -154,7 +154,7 @@ void Executor::runOneHopStep(const PlannedCollective& c, const Step& step, size_
   void* outgoing = nullptr;
   Envelope mine;
   if (step.publishPhase >= 0) {
-    mine = publication(c, header, step.chunk, column, sliceElems, pieces);
+    mine = publication(c, header, step.chunk, column, sliceElems);
     RC_CHECK(mine.bytes == slice.count * wireSize, "a one-hop step publishes one chunk");
     outgoing = transport_.acquirePublish(step.publishPhase, mine.bytes);
   }

@@ -51,14 +51,14 @@ bool usesPublications(const Plan& plan) {
   return false;
 }
 
-std::vector<Range> columnPieces(const Plan& plan, int chunk, size_t column, size_t sliceElems) {
-  std::vector<Range> pieces;
+void columnPieces(const Plan& plan, int chunk, size_t column, size_t sliceElems,
+                  std::vector<Range>& pieces) {
+  pieces.clear();
   if (chunk >= 0) {
     pieces.push_back(sliceOf(plan.chunks.at(chunk), column, sliceElems));
   } else {
     for (const Range& each : plan.chunks) pieces.push_back(sliceOf(each, column, sliceElems));
   }
-  return pieces;
 }
 
 StepKind stepKind(const Step& step) {

@@ -16,6 +16,7 @@
 #include "ringcomm/algorithms.h"
 #include "ringcomm/executor.h"
 #include "ringcomm/flight_recorder.h"
+#include "ringcomm/plan_cache.h"
 #include "ringcomm/reducer.h"
 #include "ringcomm/schedule.h"
 #include "ringcomm/transport.h"
@@ -216,6 +217,8 @@ class Communicator {
   std::shared_ptr<FlightRecorder> recorder_ = std::make_shared<FlightRecorder>();
   FlightRecorder::Entry* current_ = nullptr;  // the running call's entry (the data thread's)
   std::function<void()> onFailure_;
+  PlanCache plans_;  // the data path's, like scratch_
+  Executor::Scratch executorScratch_;
   std::vector<char> scratch_;  // two-level reduce_scatter and all_gather's blocks, kept
 
   std::vector<uint64_t> sent_, received_;  // messages per peer: their envelopes' sequence

@@ -22,7 +22,7 @@ struct BufferView {
 };
 
 struct PlannedCollective {
-  Plan plan;
+  const Plan* plan = nullptr;  // the communicator's PlanCache's
   ReduceSpec spec;
   uint64_t sequence = 0;
   BufferView input;   // read by steps that send or reduce from the buffer
@@ -32,7 +32,14 @@ struct PlannedCollective {
 
 class Executor {
  public:
-  Executor(Transport& transport, Reducer& reducer, size_t sliceBytes);
+  // Vectors a call fills and the next reuses (their owner keeps them: allocating them anew
+  // cost a small call about a tenth of its time).
+  struct Scratch {
+    std::vector<Range> pieces;
+    std::vector<size_t> bytes;
+  };
+
+  Executor(Transport& transport, Reducer& reducer, size_t sliceBytes, Scratch& scratch);
   void run(const PlannedCollective& collective);
 
  private:
@@ -47,13 +54,14 @@ class Executor {
   void declarePublications(const PlannedCollective& c, int phase, size_t column, size_t sliceElems,
                            const Envelope& header);
   // The envelope of a publication of `chunk` (-1: every chunk) in round `column`, as its writer
-  // and every reader compute it; `pieces` receives its packed layout.
+  // and every reader compute it; scratch's `pieces` receives its packed layout.
   Envelope publication(const PlannedCollective& c, const Envelope& header, int chunk, size_t column,
-                       size_t sliceElems, std::vector<Range>& pieces) const;
+                       size_t sliceElems) const;
 
   Transport& transport_;
   Reducer& reducer_;
   size_t sliceBytes_;
+  Scratch& scratch_;
 };
 
 }  // namespace ringcomm

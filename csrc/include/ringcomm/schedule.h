@@ -108,8 +108,9 @@ size_t columnCount(const Plan& plan, size_t sliceElems);
 // Whether the plan's steps read or write publications (a one-hop algorithm's plan).
 bool usesPublications(const Plan& plan);
 // What a publication of chunk `chunk` (-1: every chunk) holds in column `column`: the chunk's
-// slice, or every chunk's slice in chunk order, packed.
-std::vector<Range> columnPieces(const Plan& plan, int chunk, size_t column, size_t sliceElems);
+// slice, or every chunk's slice in chunk order, packed; into `pieces` (its memory reused).
+void columnPieces(const Plan& plan, int chunk, size_t column, size_t sliceElems,
+                  std::vector<Range>& pieces);
 // The most chunks one publication of the plan covers (its slices must fit one publication).
 size_t chunksPerPublication(const Plan& plan);
 
