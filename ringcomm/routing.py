@@ -36,11 +36,14 @@ class Router:
     def __init__(self, rendezvous, options, recorder):
         self.rank, self.world_size = rendezvous.rank, rendezvous.world_size
         self.debug, self.check_finite = options.debug, options.check_finite
+        self._checked = self.debug or self.check_finite  # calls exchange checks: no fast way
         self._rendezvous, self._options, self._recorder = rendezvous, options, recorder
         self._backends = {}  # (device, index) -> _C.Communicator
         self._cpu = None  # the CPU ring's _C.Communicator once set up, until closed
+        self._run_array = self._run_address = None  # its in_place_runners(), the fast way's
         self._links = None  # the CPU ring's point-to-point links, set up on first use
         self._lock = threading.Lock()
+        self._acquire, self._release = self._lock.acquire, self._lock.release  # the fast way's
         self._queue = InOrderQueue()  # async_op collectives on CPU, in call order
         self._stats_base = {}  # backend -> collectives run before the last reset_stats
         self._closed = False
@@ -59,37 +62,40 @@ class Router:
 
         The hot path is :meth:`try_run_now`'s, inlined: a contiguous, writable CPU torch tensor
         or numpy array of a supported dtype, when nothing more is asked of the call, goes to the
-        ring at once, a tensor's address, count and dtype read straight into the ring's
-        positional arguments (a request object, a Buffer or one more call would each cost a
-        tenth of such a call or more), a numpy array handed to the core as it is
-        (``run_array``: numpy's address costs Python more than the whole call). Anything else,
+        ring at once through the ring's two builtins (``_C.Communicator.in_place_runners``, no
+        pybind dispatch): a tensor's address, count and dtype read straight into
+        ``run_address``'s arguments (a request object, a Buffer or one more call would each cost
+        a tenth of such a call or more), a numpy array handed to ``run_array`` as it is (numpy's
+        address costs Python more than the whole call). Anything else,
         or what the hot path declines, is checked and routed as every collective is, its
         request built once."""
         if (log.tracing or _torch_profiler._is_profiler_enabled) and calls.wanted():
             name = "all_reduce" if collective == _ALL_REDUCE else "broadcast"
             arguments = (collective, array, op, root, algorithm, wire_dtype, async_op)
             return calls.run(name, Router.run_in_place, self, arguments, {})
-        if not (async_op or self.debug or self.check_finite):
+        if not (async_op or self._checked):
+            kind = type(array)  # exact types first: isinstance on torch.Tensor costs ~0.1 us
+            numpy = wire_dtype is None and (kind is np.ndarray or
+                                            (kind is not torch.Tensor and
+                                             isinstance(array, np.ndarray)))
             address = 0  # stays 0 unless `array` is a CPU tensor the ring can take as it is
-            if isinstance(array, torch.Tensor):
+            if not numpy and (kind is torch.Tensor or isinstance(array, torch.Tensor)):
                 dtype = TORCH_C_DTYPES.get(array.dtype)
                 if dtype is not None and array.is_cpu and array.is_contiguous():
                     address, count = array.data_ptr(), array.numel()
-            # A numpy array's address, dtype and flags are read in C++ (much cheaper).
-            numpy = not address and wire_dtype is None and isinstance(array, np.ndarray)
-            if address or numpy:
-                self._lock.acquire()  # not `with`, which costs twice as much
+            if numpy or address:
+                self._acquire()  # not `with`, which costs twice as much
                 try:
-                    comm = self._cpu
-                    if comm is not None and (self._queue.last is None or on_worker()):
-                        if not numpy:
-                            comm.run(collective, address, 0, count, dtype, op, root, algorithm,
-                                     wire_dtype, 0)
+                    if self._cpu is not None and (self._queue.last is None or on_worker()):
+                        # numpy's address, dtype and flags are read in C++ (much cheaper)
+                        if numpy and self._run_array(collective, array, op, root, algorithm):
                             return array
-                        if comm.run_array(collective, array, op, root, algorithm):
+                        if address:
+                            self._run_address(collective, address, count, dtype, op, root,
+                                              algorithm, wire_dtype)
                             return array
                 finally:
-                    self._lock.release()
+                    self._release()
         buf = checks.writable(array, "tensor")
         if wire_dtype == buf.c_dtype:
             wire_dtype = None
@@ -203,6 +209,7 @@ class Router:
             comm = backend.create(self._rendezvous, index, self._options, ordinal)
             if device == "cpu":
                 self._cpu = comm  # the fast way's ring (see try_run_now)
+                self._run_array, self._run_address = comm.in_place_runners()
             self._backends[key] = comm
             log.set_up(self.rank, self.world_size, self._options, device, comm)
             self._recorder.watch(comm, self.flight_record)
@@ -267,6 +274,7 @@ class Router:
             self._recorder.write_or_warn(self.flight_record(), "closed")
         with self._lock:
             self._closed, self._cpu = True, None
+            self._run_array = self._run_address = None
             if self._links is not None:  # before the ring goes: see transport/shm.py's links
                 cpu = self._backends.get(("cpu", -1))
                 self._links.close(failed=cpu is None or bool(cpu.failure))

@@ -167,8 +167,26 @@ def numpy_calls(rank, n):
     for a in maxima.values():
         comm.all_reduce(a, op="max" if a.dtype != np.bool_ else "lor")
     comm.all_reduce(np.ones(0, dtype=np.float32))
+    # The hot path's two builtins take _C's enum members or their values, and refuse the rest
+    # before anything runs.
+    C = ringcomm._C
+    run_array, run_address = comm._router.communicator_for("cpu", -1).in_place_runners()
+    by_value = np.full(4, rank + 1.0, dtype=np.float32)
+    assert run_array(int(C.Collective.all_reduce), by_value, int(C.RedOp.sum), 0,
+                     int(C.Algorithm.ring)) is True
+    assert run_array(C.Collective.all_reduce, [1.0], C.RedOp.sum, 0, C.Algorithm.ring) is False
+    with pytest.raises(TypeError, match="op: expected ringcomm._C's enum or its value, got 'sum'"):
+        run_array(C.Collective.all_reduce, by_value, "sum", 0, C.Algorithm.ring)
+    with pytest.raises(TypeError, match="collective: expected .* got 99"):
+        run_address(99, by_value.ctypes.data, 4, C.DataType.float32, C.RedOp.sum, 0,
+                    C.Algorithm.ring, None)
+    with pytest.raises(TypeError, match="run_address takes 8 arguments, got 1"):
+        run_address(C.Collective.all_reduce)
+    tensor = torch.full((3,), float(rank))
+    assert run_address(C.Collective.all_reduce, tensor.data_ptr(), 3, C.DataType.float32,
+                       C.RedOp.max, 0, C.Algorithm.ring, None) is True
     comm.close()
-    return summed, copied, maxima
+    return summed, copied, maxima, by_value, tensor
 
 
 NUMPY_TYPES = (np.float32, np.float64, np.float16, np.int8, np.uint8, np.int32, np.int64, np.bool_)
@@ -176,7 +194,8 @@ NUMPY_TYPES = (np.float32, np.float64, np.float16, np.int8, np.uint8, np.int32, 
 
 def test_numpy_arrays_reduce_and_broadcast_exactly_and_bad_ones_are_refused():
     n = 2
-    for summed, copied, maxima in launch(n, numpy_calls):
+    for summed, copied, maxima, by_value, tensor in launch(n, numpy_calls):
+        assert by_value.tolist() == [n * (n + 1) / 2] * 4 and tensor.tolist() == [n - 1.0] * 3
         assert summed.tolist() == [n * i + sum(range(n)) for i in range(6)]
         assert copied.dtype == np.float32 and copied.tolist() == [1.0] * 5
         for t in NUMPY_TYPES:

@@ -2,7 +2,6 @@
 // a CollectiveRequest for run() (its `stream`: the caller's cudaStream_t as an integer; ignored
 // on the CPU); point-to-point calls; what the transports moved (traffic).
 #include <pybind11/functional.h>
-#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -45,21 +44,6 @@ py::dict trafficToDict(const Comm& c) {
   return d;
 }
 
-// The DataType of a numpy dtype the ring takes as it is (native byte order), if any.
-std::optional<DataType> plainNumpyType(const py::dtype& d) {
-  if (d.byteorder() != '=' && d.byteorder() != '|') return std::nullopt;
-  const size_t size = static_cast<size_t>(d.itemsize());
-  switch (d.kind()) {
-    case 'f': return size == 4 ? DataType::Float32 : size == 8 ? DataType::Float64
-                   : size == 2 ? std::optional(DataType::Float16) : std::nullopt;
-    case 'i': return size == 1 ? DataType::Int8 : size == 4 ? DataType::Int32
-                   : size == 8 ? std::optional(DataType::Int64) : std::nullopt;
-    case 'u': return size == 1 ? std::optional(DataType::UInt8) : std::nullopt;
-    case 'b': return size == 1 ? std::optional(DataType::Bool) : std::nullopt;
-    default: return std::nullopt;
-  }
-}
-
 void bindCollectives(ClassOfComm& comm) {
   auto release = py::call_guard<py::gil_scoped_release>();
   // The request's fields positionally first: the hot path's form, which skips building a
@@ -77,29 +61,9 @@ void bindCollectives(ClassOfComm& comm) {
            "Runs one collective, on the caller's thread or (device transports) stream: a "
            "CollectiveRequest, or its fields positionally (collective, output, input, count, "
            "dtype, op, root, algorithm, wire_dtype, stream)")
-      .def(
-          "run_array",
-          [](Comm& c, Collective collective, const py::object& array, RedOp op, int root,
-             Algorithm algorithm) {
-            // numpy's own address costs Python ~1-2 us (array.ctypes.data); read here, it costs
-            // a few loads. False: not a plain array (the caller takes the checked route).
-            if (!py::isinstance<py::array>(array)) return false;
-            auto a = py::reinterpret_borrow<py::array>(array);
-            if (!(a.flags() & py::array::c_style) || !a.writeable() || a.size() == 0)
-              return false;
-            const std::optional<DataType> type = plainNumpyType(a.dtype());
-            if (!type) return false;
-            const CollectiveRequest request{collective, a.mutable_data(), nullptr,
-                                            static_cast<size_t>(a.size()), *type, op, root,
-                                            algorithm, std::nullopt, 0};
-            py::gil_scoped_release release;
-            c.run(request);
-            return true;
-          },
-          py::arg("collective"), py::arg("array"), py::arg("op"), py::arg("root"),
-          py::arg("algorithm"),
-          "Runs a collective in place on a contiguous, writable numpy array of a ringcomm "
-          "dtype and returns True; returns False, running nothing, for anything else")
+      .def("in_place_runners", &inPlaceRunners,
+           "(run_array, run_address): builtins bound to this communicator that run an in-place "
+           "collective with plain integer arguments, the hot path's entry (in_place_runners.cc)")
       .def(
           "time_runs",
           [](Comm& c, const CollectiveRequest& request, int calls) {

@@ -5,12 +5,18 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "ringcomm/algorithms.h"
 
 namespace pybind11 {
 class module_;
+class tuple;
+}  // namespace pybind11
+
+namespace ringcomm {
+class Communicator;
 }
 
 namespace ringcomm::python {
@@ -28,6 +34,8 @@ void bindRequest(pybind11::module_& m);        // CollectiveRequest and its debu
 void bindTransports(pybind11::module_& m);     // Transport, Reducer and the CPU ones
 void bindCommunicator(pybind11::module_& m);   // Communicator, its traffic
 void bindTcp(pybind11::module_& m);            // SocketTransport
+// (run_array, run_address): the hot path's builtins bound to `comm` (in_place_runners.cc).
+pybind11::tuple inPlaceRunners(std::shared_ptr<Communicator> comm);
 // With CUDA only (python/cuda/): device queries, NCCL, CudaTransportAndReducer.
 void bindCuda(pybind11::module_& m);
 

@@ -148,17 +148,18 @@ class RingcommBackend(c10d.Backend if BACKEND_PER_DEVICE else dist.ProcessGroup)
             return calls.run("all_reduce", RingcommBackend.allreduce, self,
                              (tensors, opts), {})
         op = c_op(opts, "all_reduce")
+        if opts is not None and not opts.asyncOp:  # dist.all_reduce's call: no Work to make
+            return self._all_reduce_each(tensors, op)
+        return self._collective(opts, tensors, lambda: self._all_reduce_each(tensors, op))
+
+    def _all_reduce_each(self, tensors, op):
         comm, algorithm = self.communicator, self._all_reduce_algorithm
-
-        def body():
-            for t in tensors:
-                if t.is_contiguous():
-                    comm.run_in_place(_ALL_REDUCE, t, op, 0, algorithm)
-                else:
-                    with Contiguous(t) as c:
-                        comm.run_in_place(_ALL_REDUCE, c, op, 0, algorithm)
-
-        return self._collective(opts, tensors, body)
+        for t in tensors:
+            if t.is_contiguous():
+                comm.run_in_place(_ALL_REDUCE, t, op, 0, algorithm)
+            else:
+                with Contiguous(t) as c:
+                    comm.run_in_place(_ALL_REDUCE, c, op, 0, algorithm)
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
