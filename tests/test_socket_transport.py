@@ -37,7 +37,7 @@ def tcp_transport(rank, n, timeout, key="ring", slot_bytes=SLOT_BYTES, slots=SLO
     if rank == 0:
         store.set(f"tcp-{key}-secret", secrets.token_bytes(_C.SECRET_BYTES))
     transport = _C.SocketTransport(rank, n, slot_bytes, slots, connections, timeout, "127.0.0.1",
-                                   store.get(f"tcp-{key}-secret"))
+                                   store.get(f"tcp-{key}-secret"), False)
     store.set(f"tcp-{key}-{rank}", transport.address)
     addresses = [store.get(f"tcp-{key}-{r}").decode() for r in range(n)]
     transport.connect(addresses, [f"host-{r}" for r in range(n)])
@@ -327,12 +327,12 @@ def test_ctrl_c_interrupts_a_wait():
 def test_set_up_errors_and_a_peer_nobody_listens_for():
     secret = bytes(_C.SECRET_BYTES)
     with pytest.raises(ringcomm.RingcommError, match="wildcard"):
-        _C.SocketTransport(0, 2, 4096, 4, 1, 5.0, "0.0.0.0", secret)
+        _C.SocketTransport(0, 2, 4096, 4, 1, 5.0, "0.0.0.0", secret, False)
     with pytest.raises(ringcomm.RingcommError, match="not an IPv4 address"):
-        _C.SocketTransport(0, 2, 4096, 4, 1, 5.0, "localhost", secret)
+        _C.SocketTransport(0, 2, 4096, 4, 1, 5.0, "localhost", secret, False)
     with pytest.raises(ringcomm.RingcommError, match="secret must be 16 bytes, not 3"):
-        _C.SocketTransport(0, 2, 4096, 4, 1, 5.0, "127.0.0.1", b"abc")
-    transport = _C.SocketTransport(0, 2, 4096, 4, 2, 1.0, "127.0.0.1", secret)
+        _C.SocketTransport(0, 2, 4096, 4, 1, 5.0, "127.0.0.1", b"abc", False)
+    transport = _C.SocketTransport(0, 2, 4096, 4, 2, 1.0, "127.0.0.1", secret, False)
     assert ADDRESS.fullmatch(transport.address), transport.address
     with pytest.raises(ringcomm.RingcommError, match="an address and a label for each"):
         transport.connect([transport.address], ["a"])

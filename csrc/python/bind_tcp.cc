@@ -26,7 +26,7 @@ void bindTcp(py::module_& m) {
            }),
            py::arg("rank"), py::arg("world_size"), py::arg("slot_bytes"), py::arg("slot_count"),
            py::arg("connections"), py::arg("timeout"), py::arg("listen_host"), py::arg("secret"),
-           py::arg("log_drops") = false,
+           py::arg("log_drops"),
            "Listens on listen_host (the IPv4 address peers reach this rank at) on a port the "
            "kernel picks; publish .address, then connect() with every rank's. secret: "
            "SECRET_BYTES bytes, the same on every rank, that admit a peer's connections; "
