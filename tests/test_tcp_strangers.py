@@ -203,3 +203,30 @@ def test_idle_and_half_open_connections_are_dropped_and_a_flood_does_not_starve_
     assert f"it was the oldest of {MAX_AWAITING} connections awaiting their hello" in r1["log"]
     # Every drop of a few hundred is named (a budget of lines keeps floods from filling disks).
     assert r1["log"].count("dropped a connection") == r1["dropped"]
+
+
+def test_a_flood_of_drops_is_logged_from_a_budget_that_refills():
+    with StderrLog() as log:
+        transport = _C.SocketTransport(0, 2, 4096, 4, CONNECTIONS, 30, "127.0.0.1",
+                                       secrets.token_bytes(_C.SECRET_BYTES), True)
+        host, port = transport.address.split(":")
+        flood = 800  # more than the budget's 500 lines
+        for _ in range(flood):
+            with socket.create_connection((host, int(port))) as s:
+                s.sendall(hello(1, 2))  # no secret
+        wait_until(lambda: transport.dropped == flood, "the flood's drops")
+        # Once the budget refills, a later drop is logged with the count of those that were not.
+        with open(f"/proc/self/fd/{log.file.fileno()}") as written:
+            def summarized():
+                with socket.create_connection((host, int(port))) as s:
+                    s.sendall(hello(1, 2))
+                time.sleep(0.05)
+                written.seek(0)
+                return "more since the last line)" in written.read()
+
+            wait_until(summarized, "a line that counts the unlogged drops")
+        dropped = transport.dropped
+        del transport
+    lines = log.text.count("dropped a connection")
+    assert lines < dropped, (lines, dropped)
+    assert re.search(r"\(and \d+ more since the last line\)", log.text)
