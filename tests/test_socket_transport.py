@@ -8,6 +8,7 @@ counted on both ends; and the failures: a mismatch, a killed peer, a silent peer
 Ctrl-C. Elapsed-time assertions are generous bounds on hangs, not performance thresholds."""
 import os
 import re
+import secrets
 import signal
 import socket
 import threading
@@ -33,7 +34,10 @@ def tcp_transport(rank, n, timeout, key="ring", slot_bytes=SLOT_BYTES, slots=SLO
                   connections=CONNECTIONS):
     """A connected SocketTransport; every rank calls it with the same key."""
     store = dist.distributed_c10d._get_default_store()
-    transport = _C.SocketTransport(rank, n, slot_bytes, slots, connections, timeout, "127.0.0.1")
+    if rank == 0:
+        store.set(f"tcp-{key}-secret", secrets.token_bytes(_C.SECRET_BYTES))
+    transport = _C.SocketTransport(rank, n, slot_bytes, slots, connections, timeout, "127.0.0.1",
+                                   store.get(f"tcp-{key}-secret"), False)
     store.set(f"tcp-{key}-{rank}", transport.address)
     addresses = [store.get(f"tcp-{key}-{r}").decode() for r in range(n)]
     transport.connect(addresses, [f"host-{r}" for r in range(n)])
@@ -321,11 +325,14 @@ def test_ctrl_c_interrupts_a_wait():
 # -- set-up, in one process ----------------------------------------------------------------------
 
 def test_set_up_errors_and_a_peer_nobody_listens_for():
+    secret = bytes(_C.SECRET_BYTES)
     with pytest.raises(ringcomm.RingcommError, match="wildcard"):
-        _C.SocketTransport(0, 2, 4096, 4, 1, 5.0, "0.0.0.0")
+        _C.SocketTransport(0, 2, 4096, 4, 1, 5.0, "0.0.0.0", secret, False)
     with pytest.raises(ringcomm.RingcommError, match="not an IPv4 address"):
-        _C.SocketTransport(0, 2, 4096, 4, 1, 5.0, "localhost")
-    transport = _C.SocketTransport(0, 2, 4096, 4, 2, 1.0, "127.0.0.1")
+        _C.SocketTransport(0, 2, 4096, 4, 1, 5.0, "localhost", secret, False)
+    with pytest.raises(ringcomm.RingcommError, match="secret must be 16 bytes, not 3"):
+        _C.SocketTransport(0, 2, 4096, 4, 1, 5.0, "127.0.0.1", b"abc", False)
+    transport = _C.SocketTransport(0, 2, 4096, 4, 2, 1.0, "127.0.0.1", secret, False)
     assert ADDRESS.fullmatch(transport.address), transport.address
     with pytest.raises(ringcomm.RingcommError, match="an address and a label for each"):
         transport.connect([transport.address], ["a"])

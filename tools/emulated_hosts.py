@@ -301,19 +301,21 @@ class EmulatedHosts:
         code = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
         return int(self.run(h, [sys.executable, "-c", code]).stdout)
 
-    def torchrun(self, script_argv, nproc_per_node, env=None, timeout=300):
-        """Runs script_argv under torchrun on every host (static rendezvous at host 0);
-        returns each host's (returncode, stdout, stderr). Past `timeout` seconds every host's
-        processes are killed and HostsTimeout carries what they wrote."""
+    def torchrun(self, script_argv, nproc_per_node, env=None, timeout=300, nodes=None):
+        """Runs script_argv under torchrun on the first `nodes` hosts (default: every host;
+        static rendezvous at host 0); returns each one's (returncode, stdout, stderr). Past
+        `timeout` seconds every host's processes are killed and HostsTimeout carries what they
+        wrote."""
         port = self.free_port(0)
         files, procs = [], []
-        for h in range(self.count):
+        nodes = self.count if nodes is None else nodes
+        for h in range(nodes):
             # Appends: the lines of a host's ranks never overwrite each other.
             out = open(os.path.join(self._tmp, f"torchrun{port}-{h}.out"), "a+")
             err = open(os.path.join(self._tmp, f"torchrun{port}-{h}.err"), "a+")
             files.append((out, err))
             procs.append(self.popen(h, [
-                sys.executable, "-m", "torch.distributed.run", f"--nnodes={self.count}",
+                sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}",
                 f"--node-rank={h}", f"--nproc-per-node={nproc_per_node}",
                 f"--master-addr={self.address(0)}", f"--master-port={port}",
                 "--rdzv-backend=static", *script_argv], env=env, stdin=subprocess.DEVNULL,
@@ -333,7 +335,7 @@ class EmulatedHosts:
             for f in streams:
                 f.close()
         if timed_out:
-            raise HostsTimeout(f"torchrun ran past {timeout} s on {self.count} hosts; killed. "
+            raise HostsTimeout(f"torchrun ran past {timeout} s on {nodes} hosts; killed. "
                                + format_outputs(outputs), outputs)
         return outputs
 

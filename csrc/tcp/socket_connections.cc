@@ -1,6 +1,6 @@
 // SocketTransport's set-up and tear-down: the listener and the progress thread, the peers'
 // addresses, a pair's slots (allocated when it first talks), and the connections this rank makes
-// to a peer at its first send to it, each greeted with a Hello.
+// to a peer at its first send to it, each greeted with a Hello that carries the secret.
 #include "tcp/socket_transport.h"
 
 #include <sys/eventfd.h>
@@ -15,8 +15,11 @@
 namespace ringcomm {
 
 SocketTransport::SocketTransport(int rank, int worldSize, SocketOptions options,
-                                 const std::string& listenHost)
-    : rank_(rank), worldSize_(worldSize), options_(options), traffic_(std::max(worldSize, 0)) {
+                                 const std::string& listenHost, const std::string& secret)
+    : rank_(rank), worldSize_(worldSize), options_(options), secret_(secret),
+      traffic_(std::max(worldSize, 0)) {
+  RC_CHECK(secret.size() == kSecretBytes, "the communicator's secret must be ", kSecretBytes,
+           " bytes, not ", secret.size());
   RC_CHECK(worldSize >= 1 && rank >= 0 && rank < worldSize, "rank ", rank,
            " is outside the world of ", worldSize, " ranks");
   RC_CHECK(options.slotBytes >= 8, "socket slots must hold at least 8 bytes, not ",
@@ -113,7 +116,8 @@ void SocketTransport::ensureOutgoing(int peer) {
       RC_THROW_AS(TimeoutError, "timed out after ", options_.timeoutSeconds, " s connecting to ",
                   describePeer(peer), " (connection ", i, "): ", lastError);
     // A fresh connection's send buffer is empty: the hello goes out whole at once.
-    const Hello hello{kMagic, rank_, worldSize_, i, options_.connectionsPerPeer};
+    Hello hello{kMagic, rank_, worldSize_, i, options_.connectionsPerPeer, {}};
+    std::memcpy(hello.secret, secret_.data(), kSecretBytes);
     iovec part{const_cast<Hello*>(&hello), sizeof(hello)};
     int error = 0;
     if (writeSome(socket.fd(), &part, 1, error) != static_cast<ssize_t>(sizeof(hello)))

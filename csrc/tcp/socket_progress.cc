@@ -1,7 +1,8 @@
-// SocketTransport's progress thread: one poll() loop that accepts connections, writes committed
-// messages (and, once aborted, abort frames) and reads messages into free receive slots. It owns
-// the connections; it takes the transport's lock to look at slots and counters, and lets go of
-// it for every read and write (the data path is never held up by a copy into a socket).
+// SocketTransport's progress thread: one poll() loop that accepts connections (checked in
+// socket_greeting.cc), writes committed messages (and, once aborted, abort frames) and reads
+// messages into free receive slots. It owns the connections; it takes the transport's lock to
+// look at slots and counters, and lets go of it for every read and write (the data path is never
+// held up by a copy into a socket).
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -33,6 +34,7 @@ void SocketTransport::progressLoop() {
   }
   connections_.clear();  // closes the sockets
   adopted_.clear();
+  writeDropLog(dropLog_);
 }
 
 // Rings the eventfd the loop polls, so that it looks again (only needed while it sleeps in poll).
@@ -46,7 +48,14 @@ void SocketTransport::wake() {
 void SocketTransport::progressRounds(std::unique_lock<std::mutex>& lock) {
   std::vector<pollfd> fds;
   std::vector<Connection*> polled;
+  std::vector<std::string> dropLines;
+  Clock::time_point nextHelloCheck;
   while (true) {
+    const auto now = Clock::now();
+    if (now >= nextHelloCheck) {  // not every round: rounds follow messages
+      dropUngreeted(now);
+      nextHelloCheck = now + std::chrono::milliseconds(100);
+    }
     for (auto& c : adopted_) connections_.push_back(std::move(c));
     adopted_.clear();
     // Dead incoming connections go; outgoing ones stay (their links point at them), closed.
@@ -57,16 +66,20 @@ void SocketTransport::progressRounds(std::unique_lock<std::mutex>& lock) {
                        connections_.end());
     if (aborted_.load()) queueAbortFrames();
     if (stopping_ && (flushed() || Clock::now() >= lingerUntil_)) return;
-    fds.assign({pollfd{wakeFd_.fd(), POLLIN, 0}, pollfd{listener_.fd(), POLLIN, 0}});
+    const bool accepting = now >= acceptAfter_;
+    fds.assign({pollfd{wakeFd_.fd(), POLLIN, 0},
+                pollfd{listener_.fd(), static_cast<short>(accepting ? POLLIN : 0), 0}});
     polled.clear();
     for (auto& c : connections_) {
       if (c->dead) continue;
       fds.push_back(pollfd{c->socket.fd(), interest(*c), 0});
       polled.push_back(c.get());
     }
-    const int timeoutMillis = stopping_ ? 20 : 1000;
+    const int timeoutMillis = stopping_ || !accepting ? 20 : 1000;
     polling_ = true;
+    dropLines.swap(dropLog_);
     lock.unlock();
+    writeDropLog(dropLines);
     const int ready = poll(fds.data(), fds.size(), timeoutMillis);
     lock.lock();
     polling_ = false;
@@ -76,7 +89,6 @@ void SocketTransport::progressRounds(std::unique_lock<std::mutex>& lock) {
       ssize_t ignored = ::read(wakeFd_.fd(), &count, sizeof(count));
       (void)ignored;
     }
-    if (fds[1].revents & POLLIN) acceptAll();
     for (size_t i = 0; i < polled.size(); ++i) {
       const pollfd& p = fds[i + 2];
       Connection& c = *polled[i];
@@ -94,6 +106,9 @@ void SocketTransport::progressRounds(std::unique_lock<std::mutex>& lock) {
       }
       if (!c.dead && (p.revents & POLLOUT)) writeTo(c, lock);
     }
+    // After the reads: the Hellos of connections accepted last round are read before newer
+    // ones can push them out of the queue.
+    if (fds[1].revents & POLLIN) acceptAll();
   }
 }
 
@@ -111,17 +126,6 @@ short SocketTransport::interest(const Connection& c) const {
   else if (aborted_.load() ? abortPending : c.outgoing && c.next < link.committed)
     events |= POLLOUT;
   return events;
-}
-
-void SocketTransport::acceptAll() {
-  while (true) {
-    Socket socket = acceptPending(listener_);
-    if (!socket.valid()) return;
-    auto c = std::make_unique<Connection>();
-    c->socket = std::move(socket);
-    c->readState = Connection::kHello;
-    connections_.push_back(std::move(c));
-  }
 }
 
 void SocketTransport::readFrom(Connection& c, std::unique_lock<std::mutex>& lock) {
@@ -213,36 +217,6 @@ bool SocketTransport::frameRead(Connection& c) {
   return true;
 }
 
-void SocketTransport::greeted(Connection& c) {
-  const Hello& h = c.hello;
-  if (h.magic != kMagic || h.rank < 0 || h.rank >= worldSize_ || h.rank == rank_) {
-    c.dead = true;  // not one of this world's ranks: dropped
-    return;
-  }
-  const uint32_t count = options_.connectionsPerPeer;
-  Link& link = *links_[h.rank];
-  allocateRecv(link);
-  if (link.inConnected.empty()) {
-    link.inConnected.assign(count, 0);
-    link.inClosed.assign(count, std::string());
-  }
-  c.peer = h.rank;
-  c.index = h.connection < count ? h.connection : 0;
-  c.greeted = true;
-  c.next = c.index;
-  c.readState = Connection::kHeader;
-  if (h.worldSize != worldSize_ || h.connections != count || h.connection >= count ||
-      link.inConnected[h.connection]) {
-    return lost(c, detail::concat("connected as connection ", h.connection, " of ",
-                                  h.connections, " in a world of ", h.worldSize,
-                                  " ranks (this rank has ", worldSize_, " ranks and ", count,
-                                  " connections per peer, and had that one already: ",
-                                  h.connection < count && link.inConnected[h.connection], ")"));
-  }
-  link.inConnected[c.index] = 1;
-  changed_.notify_all();
-}
-
 void SocketTransport::writeTo(Connection& c, std::unique_lock<std::mutex>& lock) {
   if (!c.greeted || c.writing) return;
   c.writing = true;
@@ -302,8 +276,8 @@ void SocketTransport::writeWhileReady(Connection& c, std::unique_lock<std::mutex
 }
 
 void SocketTransport::lost(Connection& c, const std::string& why) {
+  if (!c.greeted) return drop(c, why);
   c.dead = true;  // its socket closes when the loop drops it
-  if (!c.greeted) return;
   Link& link = *links_[c.peer];
   const std::string what = detail::concat(describePeer(c.peer), " ", why);
   if (c.outgoing) {

@@ -24,6 +24,15 @@
 // core). The data path waits on a condition variable with the deadline, waking a few times a
 // second to check the interrupt hook (ringcomm/interrupt.h) without holding its lock.
 //
+// Strangers: a listener is reachable by anything on its network, so an incoming connection
+// counts as a peer's only once its Hello carries this communicator's secret (drawn at set-up,
+// shared through the rendezvous store; compared in constant time), a rank of this world other
+// than this one and a connection index not yet taken. Anything else, and a connection that sends
+// no complete Hello within kHelloSeconds, is dropped before it touches a link and, with logDrops,
+// logged with its address (socket_greeting.cc). At most kMaxAwaitingHello connections await
+// their Hello: a newer one pushes the oldest out, so a flood costs bounded memory and cannot
+// starve a real peer, whose Hello follows its connect at once.
+//
 // Failures: a wait ends with TimeoutError naming the peer (rank, label, address) and what it
 // awaited; with PeerError at once when the peer aborted (its abort frame), when the connection
 // a due message travels on was closed or reset (messages that arrived before still read), or
@@ -55,13 +64,15 @@ struct SocketOptions {
   uint32_t slotCount;
   uint32_t connectionsPerPeer;
   double timeoutSeconds;
+  bool logDrops;  // a line on stderr for each stranger's connection dropped
 };
 
 class SocketTransport : public Transport {
  public:
   // Listens on `listenHost` (the IPv4 address peers reach this rank at; not the wildcard), on a
-  // port the kernel picks.
-  SocketTransport(int rank, int worldSize, SocketOptions options, const std::string& listenHost);
+  // port the kernel picks; `secret` (kSecretBytes, the same on every rank) admits peers.
+  SocketTransport(int rank, int worldSize, SocketOptions options, const std::string& listenHost,
+                  const std::string& secret);
   ~SocketTransport() override;
 
   // "ip:port", for the peers' connect().
@@ -83,6 +94,9 @@ class SocketTransport : public Transport {
   void releaseRecv(int peer) override;
   void abort(const std::string& why) override;
 
+  // How many incoming connections were dropped before they counted (strangers, idle ones).
+  uint64_t dropped() const;
+
   TrafficStats traffic() const override { return traffic_.snapshot(); }
   void resetTraffic() override { traffic_.reset(); }
 
@@ -95,13 +109,17 @@ class SocketTransport : public Transport {
     uint64_t payloadBytes;  // what follows: the message, or the abort's reason
     Envelope envelope;
   };
+  static constexpr size_t kSecretBytes = 16;
   struct Hello {
     uint64_t magic;
     int32_t rank, worldSize;
     uint32_t connection, connections;
+    uint8_t secret[kSecretBytes];
   };
   static constexpr uint64_t kMagic = 0x72696e67746370ULL;  // "ringtcp", frames and hellos
   static constexpr uint32_t kData = 1, kAbort = 2;
+  static constexpr double kHelloSeconds = 5;  // or the timeout, if shorter
+  static constexpr size_t kMaxAwaitingHello = 64;
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -141,6 +159,8 @@ class SocketTransport : public Transport {
     enum { kHello, kHeader, kPayload, kText } readState = kHeader;
     size_t readDone = 0;
     Hello hello{};
+    std::string from;           // incoming: the remote "ip:port", for the log
+    Clock::time_point helloBy;  // incoming: dropped if not greeted by then
     Frame frame{};
     std::string text;
     std::string abortFrame;  // queued once this rank aborts
@@ -163,7 +183,11 @@ class SocketTransport : public Transport {
   void progressLoop();
   void progressRounds(std::unique_lock<std::mutex>& lock);
   short interest(const Connection& c) const;
+  // Incoming connections until their Hello is checked (socket_greeting.cc).
   void acceptAll();
+  void dropUngreeted(Clock::time_point now);
+  void drop(Connection& c, const std::string& why);
+  void writeDropLog(std::vector<std::string>& lines) const;
   void readFrom(Connection& c, std::unique_lock<std::mutex>& lock);
   bool frameRead(Connection& c);
   // Writes what is pending on `c` until the socket is full, unless another thread writes to it.
@@ -181,6 +205,7 @@ class SocketTransport : public Transport {
   const int rank_, worldSize_;
   const SocketOptions options_;
   std::string address_;
+  const std::string secret_;
   Socket listener_, wakeFd_;
   TrafficCounters traffic_;
 
@@ -192,6 +217,11 @@ class SocketTransport : public Transport {
   std::atomic<bool> aborted_{false};
   std::string abortReason_;
   bool polling_ = false, stopping_ = false;
+  uint64_t dropped_ = 0, unlogged_ = 0;
+  std::vector<std::string> dropLog_;  // lines to print once the lock is let go
+  double logBudget_ = 0;              // lines the log may take now (socket_greeting.cc)
+  Clock::time_point loggedAt_;
+  Clock::time_point acceptAfter_;     // out of descriptors: accept again from then
   Clock::time_point lingerUntil_;
   std::vector<std::unique_ptr<Connection>> adopted_, connections_;
   std::thread progress_;

@@ -84,8 +84,11 @@ Socket listenOn(const std::string& host, std::string& address) {
   return s;
 }
 
-Socket acceptPending(const Socket& listener) {
-  const int fd = accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+Socket acceptPending(const Socket& listener, sockaddr_in& from, int& error) {
+  socklen_t length = sizeof(from);
+  const int fd = accept4(listener.fd(), reinterpret_cast<sockaddr*>(&from), &length,
+                         SOCK_CLOEXEC | SOCK_NONBLOCK);
+  error = fd < 0 && errno != EAGAIN && errno != EWOULDBLOCK ? errno : 0;
   if (fd < 0) return Socket();
   tune(fd);
   return Socket(fd);

@@ -42,9 +42,9 @@ std::string formatAddress(const sockaddr_in& address);
 // kernel picks; `address` gets "host:port".
 Socket listenOn(const std::string& host, std::string& address);
 
-// The next pending connection (non-blocking, TCP_NODELAY), or an invalid Socket when none is
-// waiting.
-Socket acceptPending(const Socket& listener);
+// The next pending connection (non-blocking, TCP_NODELAY) and its remote address, or an
+// invalid Socket when none is waiting or accept failed (`error`: its errno, or 0).
+Socket acceptPending(const Socket& listener, sockaddr_in& from, int& error);
 
 // Connects to `address`, retrying refused or unreachable attempts every few tens of ms until
 // `deadline`. `check` runs between attempts and in the waits (a few times a second at least):
