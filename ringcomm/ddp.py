@@ -77,10 +77,14 @@ def _value(future):
     return future.value()
 
 
-def _allreduce_fut(state, tensor, wire_dtype=None):
-    """Averages ``tensor`` over the ranks in place; a Future that completes with it."""
+def _allreduce_fut(state, bucket, wire_dtype=None):
+    """Averages the bucket's tensor over the ranks in place; a Future that completes with it."""
     state = _resolve(state)
+    tensor = bucket.buffer()
     options = _wire_options(tensor, wire_dtype)
+    # Every rank has the same buckets, each on the same buffer step after step (DDP rebuilds
+    # them once, after the first step): on CUDA a bucket's all_reduce may be replayed as a graph.
+    options["replay_tag"] = bucket.index()
     if tensor.is_cuda or state.async_cpu:
         # CUDA: enqueued on the current stream; the Future carries the device, so DDP's wait
         # orders its stream after the collective. CPU: queued on the communicator's worker
@@ -110,7 +114,7 @@ def allreduce_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch
         model = DistributedDataParallel(net)
         model.register_comm_hook(comm, ringcomm.ddp.allreduce_hook)
     """
-    return _allreduce_fut(state, bucket.buffer())
+    return _allreduce_fut(state, bucket)
 
 
 def bf16_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -124,7 +128,7 @@ def bf16_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tens
 
         model.register_comm_hook(ringcomm.ddp.HookState(comm), ringcomm.ddp.bf16_hook)
     """
-    return _allreduce_fut(state, bucket.buffer(), torch.bfloat16)
+    return _allreduce_fut(state, bucket, torch.bfloat16)
 
 
 def fp16_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -137,4 +141,4 @@ def fp16_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tens
 
         model.register_comm_hook(comm, ringcomm.ddp.fp16_hook)
     """
-    return _allreduce_fut(state, bucket.buffer(), torch.float16)
+    return _allreduce_fut(state, bucket, torch.float16)
