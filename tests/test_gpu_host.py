@@ -219,3 +219,34 @@ def test_ring_arguments_carry_the_graphs_decision(monkeypatch):
     monkeypatch.setenv("NCCL_GRAPH_REGISTER", "0")  # what graphs_wanted would set, undone after
     assert cuda.ring_arguments(options)["cuda_graphs"] is True
 
+
+# -- Works of calls enqueued on a CUDA stream ---------------------------------------------------
+
+class _Event:
+    """A CUDA event as the Works use it: query() says whether the GPU got past it."""
+
+    def __init__(self, done):
+        self.done = done
+
+    def query(self):
+        return self.done
+
+
+def test_a_work_on_a_stream_answers_is_completed_from_its_event():
+    """The Future of a call enqueued on a CUDA stream completes at once: is_completed asks the
+    event recorded after the call instead (the Communicator API's Work, and the backend's
+    point-to-point Works)."""
+    import torch
+
+    from ringcomm.c10d.work import FutureWork
+    from ringcomm.work import Work
+
+    enqueued = torch.futures.Future()
+    enqueued.set_result([])
+    event = _Event(False)
+    api, backend = Work(enqueued, done=event), FutureWork(enqueued, None, done=lambda: event)
+    assert not api.is_completed() and not backend.is_completed() and not backend.is_success()
+    event.done = True
+    assert api.is_completed() and backend.is_completed() and backend.is_success()
+    # Not yet posted (a batch still collecting its list): its Future says.
+    assert FutureWork(torch.futures.Future(), None, done=lambda: None).is_completed() is False
