@@ -951,6 +951,10 @@ def _work_semantics(dist):
     import time
 
     t = torch.arange(1 << 20, dtype=torch.float32, device="cuda")
+    # The first CUDA collective creates the NCCL communicator (seconds, on the host): done here,
+    # it cannot outlast the sleep below and leave the Work complete before it is asked.
+    dist.all_reduce(t)
+    torch.cuda.synchronize()
     torch.cuda._sleep(int(2e9))  # keeps the current stream busy for about a second
     work = dist.all_reduce(t, async_op=True)
     assert not work.is_completed(), "is_completed() must ask the GPU, which is still busy"
