@@ -191,3 +191,20 @@ def test_ddp_buckets_are_replayed_alike_with_the_hook():
     assert results[0] == results[1], results
     assert calls.get("cudaGraphLaunch", 0) > 0, "no bucket was replayed"
     _no_violations()
+
+
+def _hook_state_tags(comm):
+    import ringcomm.ddp
+
+    first, second = ringcomm.ddp.HookState(comm), ringcomm.ddp.HookState(comm)
+    bare = ringcomm.ddp._resolve(comm)
+    assert ringcomm.ddp._resolve(comm) is bare  # a bare communicator keeps its tags
+    return first.first_replay_tag, second.first_replay_tag, bare.first_replay_tag
+
+
+def test_each_models_hook_state_has_tags_of_its_own_alike_on_every_rank():
+    """Two DDP models on one communicator: their buckets 0, 1, ... must not share replay tags
+    (a replay on the other model's buffers is refused); every rank numbers them alike."""
+    with host_nccl_backend(slice_bytes=1024, slots=2):
+        results = raise_first(run_ranks(2, _hook_state_tags))
+    assert results[0] == results[1] and len(set(results[0])) == 3, results
