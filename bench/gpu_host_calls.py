@@ -23,7 +23,7 @@ POLLS = {"cudaEventQuery", "ncclCommGetAsyncError", "cudaGetLastError", "cudaStr
 
 def counts_per_call(world, mib, slice_mib, calls=2, cuda_graphs=True):
     """{call name: count} per rank and all_reduce in steady state: after three calls (the first
-    connects, the second is remembered, the third recorded when cuda_graphs is on)."""
+    connects, the second is recorded when cuda_graphs is on, the third replayed)."""
     uid, slice_bytes = host_gpu.unique_id(), slice_mib << 20
     count = (mib << 20) // 4
     barrier, errors, counted = threading.Barrier(world), [], {}
@@ -35,8 +35,9 @@ def counts_per_call(world, mib, slice_mib, calls=2, cuda_graphs=True):
                                  cuda_graphs=cuda_graphs, nccl_sms=DEFAULTS["nccl_sms"])
             comm = _C.Communicator(rank, world, ring.transport, ring.reducer, slice_bytes)
             buf = torch.ones(count)
+            # Tagged, as a DDP bucket's: recorded when cuda_graphs is on.
             request = _C.CollectiveRequest(_C.Collective.all_reduce, buf.data_ptr(), 0, count,
-                                           _C.DataType.float32, _C.RedOp.sum)
+                                           _C.DataType.float32, _C.RedOp.sum, replay_tag=0)
             for _ in range(3):
                 comm.run(request)
             host_gpu.synchronize_caller()

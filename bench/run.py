@@ -210,10 +210,11 @@ def _runs(comm, coll, name, args, device):
         return False
 
 
-def _share_gpu(rank):
+def _share_gpu(rank, ranks_on_gpu):
     """More ranks than GPUs: NCCL refuses two ranks on one GPU unless told (docs/design.md)."""
     major, minor, patch = torch.cuda.nccl.version()[:3]  # the one ringcomm loads too
-    env = ringcomm.transport.cuda.shared_gpu_env(rank, major * 10000 + minor * 100 + patch)
+    env = ringcomm.transport.cuda.shared_gpu_env(rank, ranks_on_gpu,
+                                                 major * 10000 + minor * 100 + patch)
     for name, value in env.items():
         os.environ.setdefault(name, value)
 
@@ -224,7 +225,7 @@ def worker(rank, world, args, init_method):
         os.environ["NCCL_ALGO"] = "Ring"  # read when NCCL creates its communicator, below
     device = _device(args, rank)
     if device.type == "cuda" and world > torch.cuda.device_count():
-        _share_gpu(rank)
+        _share_gpu(rank, -(-world // torch.cuda.device_count()))
     backend = "nccl" if args.baseline.startswith("nccl") else "gloo"  # ringcomm-pg: a subgroup
     eager = {"device_id": device} if backend == "nccl" else {}  # NCCL set up now, env as above
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,

@@ -20,6 +20,13 @@ def algorithm(name):
     return _ALGORITHMS[check_algorithm(name)]
 
 
+def replay_tag(tag):
+    """A caller's replay tag: an int >= 0 (see Communicator.all_reduce)."""
+    if isinstance(tag, bool) or not isinstance(tag, int) or tag < 0:
+        raise ValueError(f"replay_tag={tag!r}: an int >= 0, the same on every rank")
+    return tag
+
+
 def root(rank, name, world_size):
     if not isinstance(rank, int) or not 0 <= rank < world_size:
         raise ValueError(f"{name}={rank!r} is not a rank of this {world_size}-rank communicator")

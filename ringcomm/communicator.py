@@ -92,7 +92,8 @@ class Communicator:
 
     # -- collectives ---------------------------------------------------------------------------
 
-    def all_reduce(self, tensor, op="sum", *, async_op=False, wire_dtype=None, algorithm=None):
+    def all_reduce(self, tensor, op="sum", *, async_op=False, wire_dtype=None, algorithm=None,
+                   replay_tag=None):
         """Reduces ``tensor`` over all ranks in place; every rank gets the same result.
 
         ``wire_dtype`` (torch.bfloat16 or torch.float16, for float32 tensors) sends 16-bit
@@ -100,6 +101,9 @@ class Communicator:
         ``algorithm`` ("ring", "one_shot", "two_shot" or "auto"; default
         ``comm.options.algorithm``) must be the same on every rank; see :mod:`ringcomm.options`.
         ``async_op=True`` returns a :class:`ringcomm.work.Work` (every collective takes it).
+        ``replay_tag`` (an int >= 0, the same on every rank) promises that calls with this tag
+        come again on the same ``tensor``: on CUDA the second is recorded as a graph and later
+        ones replay it (the ``cuda_graphs`` option; DDP's buckets, :mod:`ringcomm.ddp`).
 
         Example::
 
@@ -111,8 +115,9 @@ class Communicator:
             algorithm = checks.algorithm(algorithm)
         wire = None if wire_dtype is None else as_c_dtype(wire_dtype)
         # The router's fast way itself: no call in between (each counts at a few microseconds).
+        tag = -1 if replay_tag is None else checks.replay_tag(replay_tag)
         return self._router.run_in_place(_ALL_REDUCE, tensor, to_c_op(op), 0, algorithm, wire,
-                                         async_op)
+                                         async_op, tag)
 
     @traced("reduce_scatter")
     def reduce_scatter(self, output, input, op="sum", *, async_op=False, algorithm=None):

@@ -20,10 +20,19 @@ is the same on every rank) so backward keeps computing while buckets travel; on 
 enqueued on the current stream and the Future carries the device, so DDP's wait orders its
 stream after the collective.
 """
+import weakref
+
 import torch
 import torch.distributed as dist
 
 from .communicator import Communicator
+
+# Per communicator: how many HookStates were made for it, and the one a bare Communicator state
+# stands for. Every rank makes them in the same order, so each gets the same replay tags on
+# every rank: buckets of two models on one communicator never share a tag.
+_STATES_MADE = weakref.WeakKeyDictionary()
+_BARE_STATES = weakref.WeakKeyDictionary()
+_TAGS_PER_STATE = 1 << 16  # bucket indices of one model
 
 __all__ = ["HookState", "allreduce_hook", "bf16_hook", "fp16_hook"]
 
@@ -37,7 +46,11 @@ class HookState:
             backward overlaps communication (default). With False the hook reduces the bucket
             before it returns.
 
-    Passing a bare ``Communicator`` as the state is the same as ``HookState(comm)``.
+    Passing a bare ``Communicator`` as the state is the same as one ``HookState(comm)`` made at
+    the first bucket. Each model needs its own state: on CUDA a bucket's all_reduce is replayed
+    as a graph under a tag its state and index give (``Communicator.all_reduce``'s
+    ``replay_tag``), so give each DDP model of a communicator a ``HookState`` of its own, made in
+    the same order on every rank.
 
     Example::
 
@@ -51,6 +64,9 @@ class HookState:
             raise TypeError(f"HookState needs a ringcomm.Communicator, not {type(comm).__name__}")
         self.comm = comm
         self.async_cpu = bool(async_cpu)
+        made = _STATES_MADE.get(comm, 0)
+        _STATES_MADE[comm] = made + 1
+        self.first_replay_tag = made * _TAGS_PER_STATE
 
     def __repr__(self):
         return f"ringcomm.ddp.HookState({self.comm!r}, async_cpu={self.async_cpu})"
@@ -60,7 +76,10 @@ def _resolve(state):
     if isinstance(state, HookState):
         return state
     if isinstance(state, Communicator):
-        return HookState(state)
+        bare = _BARE_STATES.get(state)
+        if bare is None:
+            bare = _BARE_STATES[state] = HookState(state)
+        return bare
     raise TypeError("ringcomm's DDP hooks take a ringcomm.Communicator or a ringcomm.ddp.HookState "
                     f"as state, not {type(state).__name__} (a process group is for torch's hooks)")
 
@@ -77,10 +96,14 @@ def _value(future):
     return future.value()
 
 
-def _allreduce_fut(state, tensor, wire_dtype=None):
-    """Averages ``tensor`` over the ranks in place; a Future that completes with it."""
+def _allreduce_fut(state, bucket, wire_dtype=None):
+    """Averages the bucket's tensor over the ranks in place; a Future that completes with it."""
     state = _resolve(state)
+    tensor = bucket.buffer()
     options = _wire_options(tensor, wire_dtype)
+    # Every rank has the same buckets, each on the same buffer step after step (DDP rebuilds
+    # them once, after the first step): on CUDA a bucket's all_reduce may be replayed as a graph.
+    options["replay_tag"] = state.first_replay_tag + bucket.index()
     if tensor.is_cuda or state.async_cpu:
         # CUDA: enqueued on the current stream; the Future carries the device, so DDP's wait
         # orders its stream after the collective. CPU: queued on the communicator's worker
@@ -110,7 +133,7 @@ def allreduce_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch
         model = DistributedDataParallel(net)
         model.register_comm_hook(comm, ringcomm.ddp.allreduce_hook)
     """
-    return _allreduce_fut(state, bucket.buffer())
+    return _allreduce_fut(state, bucket)
 
 
 def bf16_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -124,7 +147,7 @@ def bf16_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tens
 
         model.register_comm_hook(ringcomm.ddp.HookState(comm), ringcomm.ddp.bf16_hook)
     """
-    return _allreduce_fut(state, bucket.buffer(), torch.bfloat16)
+    return _allreduce_fut(state, bucket, torch.bfloat16)
 
 
 def fp16_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -137,4 +160,4 @@ def fp16_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tens
 
         model.register_comm_hook(comm, ringcomm.ddp.fp16_hook)
     """
-    return _allreduce_fut(state, bucket.buffer(), torch.float16)
+    return _allreduce_fut(state, bucket, torch.float16)

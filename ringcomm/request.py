@@ -36,9 +36,10 @@ class CollectiveRequest(NamedTuple):
     algorithm: _C.Algorithm = _RING
     wire_dtype: Optional[_C.DataType] = None
 
-    def to_c(self, stream=0):
-        """The ``_C.CollectiveRequest`` to run on `stream` (an integer; 0 on the CPU)."""
-        return _C.CollectiveRequest(*self, stream)
+    def to_c(self, stream=0, replay_tag=-1):
+        """The ``_C.CollectiveRequest`` to run on `stream` (an integer; 0 on the CPU), with the
+        caller's replay tag (-1: none; see ``Communicator.all_reduce``)."""
+        return _C.CollectiveRequest(*self, stream, replay_tag)
 
 
 # Each returns the request and the Buffers the router takes: the one whose device runs it, then

@@ -55,7 +55,7 @@ class Router:
     # -- the fast way --------------------------------------------------------------------------
 
     def run_in_place(self, collective, array, op=_SUM, root=0, algorithm=_RING, wire_dtype=None,
-                     async_op=False):
+                     async_op=False, replay_tag=-1):
         """What ``Communicator.run_in_place`` runs (its all_reduce and broadcast call it here
         directly): a collective that works in place, on ``array``; returns ``array``, or a Work
         with ``async_op``.
@@ -71,9 +71,10 @@ class Router:
         request built once."""
         if (log.tracing or _torch_profiler._is_profiler_enabled) and calls.wanted():
             name = "all_reduce" if collective == _ALL_REDUCE else "broadcast"
-            arguments = (collective, array, op, root, algorithm, wire_dtype, async_op)
+            arguments = (collective, array, op, root, algorithm, wire_dtype, async_op,
+                         replay_tag)
             return calls.run(name, Router.run_in_place, self, arguments, {})
-        if not (async_op or self._checked):
+        if not (async_op or self._checked or replay_tag >= 0):
             kind = type(array)  # exact types first: isinstance on torch.Tensor costs ~0.1 us
             numpy = wire_dtype is None and (kind is np.ndarray or
                                             (kind is not torch.Tensor and
@@ -106,7 +107,7 @@ class Router:
             data = buf if self.rank == root else None
         else:
             data = buf
-        return self.route(request, buf, data, array, async_op)
+        return self.route(request, buf, data, array, async_op, replay_tag)
 
     def try_run_now(self, request):
         """What ``Communicator.try_run_now`` runs: a :class:`ringcomm.request.CollectiveRequest` on
@@ -142,22 +143,23 @@ class Router:
 
     # -- the checked way -----------------------------------------------------------------------
 
-    def route(self, request, buf, data, result, async_op):
+    def route(self, request, buf, data, result, async_op, replay_tag=-1):
         """Runs a checked request whose buffers are on `buf`'s device and whose input on this
         rank is `data` (None: it has none), by one decision: now, on the calling thread (on a
         device backend: ordered on the caller's stream there), unless it is a CPU call that
         ``async_op`` asks to queue on the worker thread or that queued calls are ahead of
         (then it waits for its turn). Returns `result`, or a Work for it. The ``debug`` and
-        ``check_finite`` exchanges (:mod:`ringcomm.prechecks`) come first, on this thread."""
+        ``check_finite`` exchanges (:mod:`ringcomm.prechecks`) come first, on this thread.
+        `replay_tag`: the caller's (``Communicator.all_reduce``), -1 for none."""
         if self.debug or self.check_finite:
             self._queue.wait_for_queued(self.abort)  # queued collectives use the ring first
             prechecks.agree(request, data, self.world_size, self.debug, self.check_finite,
                             self._run_on_cpu)
         if buf.device != "cpu" or not (async_op or self._queue.ahead()):
-            self._run(request, buf)
+            self._run(request, buf, replay_tag)
             future = None
         else:
-            future = self._queue.submit(result, self._run, request, buf,
+            future = self._queue.submit(result, self._run, request, buf, replay_tag,
                                         name=request.collective.name)
         if not async_op:
             return result if future is None else waiting.wait(future, self.abort)
@@ -170,10 +172,10 @@ class Router:
         ``Communicator.submit``); returns a torch Future that holds `result` once it has run."""
         return self._queue.submit(result, call, name=name)
 
-    def _run(self, request, buf):
+    def _run(self, request, buf, replay_tag=-1):
         """Runs a request on the backend of its buffers' device (`buf`'s), on the caller's
         stream there."""
-        self.call_on_device(buf, lambda comm, stream: comm.run(request.to_c(stream)))
+        self.call_on_device(buf, lambda comm, stream: comm.run(request.to_c(stream, replay_tag)))
 
     def _run_on_cpu(self, c_request):
         """Runs a _C.CollectiveRequest on the CPU ring (the prechecks' exchange)."""

@@ -14,10 +14,12 @@ class Work:
         work.wait()              # t holds the result (CUDA: ordered on the current stream)
     """
 
-    def __init__(self, future, abort=None):
+    def __init__(self, future, abort=None, done=None):
         """`abort(why)`: what stops the call if the wait is interrupted (the communicator's
-        :meth:`~ringcomm.Communicator.abort`); None for a Work that is already complete."""
-        self._future, self._abort = future, abort
+        :meth:`~ringcomm.Communicator.abort`); None for a Work that is already complete.
+        `done`: a CUDA event recorded after the call on its stream (the Future of a call
+        enqueued on a stream is complete at once)."""
+        self._future, self._abort, self._done = future, abort, done
 
     def wait(self, timeout=None):
         """Blocks until done (CPU) or orders the current stream after it (CUDA); raises its error.
@@ -29,6 +31,9 @@ class Work:
         return True
 
     def is_completed(self):
+        """Whether the call has finished: on CUDA, whether the GPU has run it."""
+        if self._done is not None:
+            return self._done.query()
         return self._future.done()
 
     def get_future(self):
@@ -37,7 +42,12 @@ class Work:
 
 
 def completed(value, device=None):
-    """A Work that is already complete (CUDA: stream-ordered, so the host need not wait)."""
+    """A Work of a call that has run (CPU) or has been enqueued on the current stream (CUDA:
+    stream-ordered, so the host need not wait; is_completed asks the GPU)."""
     future = torch.futures.Future(devices=[device]) if device is not None else torch.futures.Future()
     future.set_result(value)
-    return Work(future)
+    done = None
+    if device is not None and device.type == "cuda":
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(device))
+    return Work(future, done=done)

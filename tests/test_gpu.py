@@ -517,14 +517,14 @@ def _stream_semantics(comm, ring, rank, world, store):
         assert torch.all(buf == total + world * round_), f"replay beside eager, round {round_}"
         assert torch.all(other == 2 * total), f"eager beside a replay, round {round_}"
 
-    # Repeated on the same buffers, a collective is recorded at its second call and replayed by
-    # the later ones (cuda_graphs): every round exact, on the current stream.
+    # Tagged and repeated on the same buffers, a collective is recorded at its second call and
+    # replayed by the later ones (cuda_graphs): every round exact, on the current stream.
     bucket = torch.empty((3 << 20) + 7, device="cuda")
     current = torch.cuda.current_stream()
     for round_ in range(5):
         bucket.fill_(rank + 1.0 + round_)
         comm.run(R(P.all_reduce, bucket.data_ptr(), 0, bucket.numel(), _C.DataType.float32,
-                   stream=current.cuda_stream))
+                   stream=current.cuda_stream, replay_tag=0))
         twice = bucket * 2  # ordered after the collective on the same stream
         torch.cuda.synchronize()
         assert torch.all(twice == 2 * (total + world * round_)), f"repeated, round {round_}"
@@ -951,6 +951,10 @@ def _work_semantics(dist):
     import time
 
     t = torch.arange(1 << 20, dtype=torch.float32, device="cuda")
+    # The first CUDA collective creates the NCCL communicator (seconds, on the host): done here,
+    # it cannot outlast the sleep below and leave the Work complete before it is asked.
+    dist.all_reduce(t)
+    torch.cuda.synchronize()
     torch.cuda._sleep(int(2e9))  # keeps the current stream busy for about a second
     work = dist.all_reduce(t, async_op=True)
     assert not work.is_completed(), "is_completed() must ask the GPU, which is still busy"

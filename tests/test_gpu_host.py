@@ -84,15 +84,27 @@ def test_shared_gpu_env_picks_the_nccl_path():
 
     both = {"NCCL_NVLS_ENABLE": "0", "NCCL_MNNVL_ENABLE": "0", "NCCL_MAX_CTAS": "8"}
     for version in (23003, 23200):
-        assert shared_gpu_env(3, nccl_version=version, environ={}) == {
+        assert shared_gpu_env(1, 2, nccl_version=version, environ={}) == {
             "NCCL_MULTI_RANK_GPU_ENABLE": "1", **both}
     for version in (22809, 22907, 23000, 23002):
-        old = [shared_gpu_env(r, nccl_version=version, environ={}) for r in range(2)]
+        old = [shared_gpu_env(r, 2, nccl_version=version, environ={}) for r in range(2)]
         for env in old:
             assert env["NCCL_SOCKET_IFNAME"] == "lo" and env["NCCL_IB_DISABLE"] == "1"
             assert {k: env[k] for k in both} == both
             assert "NCCL_MULTI_RANK_GPU_ENABLE" not in env
         assert old[0]["NCCL_HOSTID"] != old[1]["NCCL_HOSTID"]
+
+
+def test_more_than_two_ranks_on_a_gpu_take_the_host_id_path_on_any_nccl():
+    """NCCL's multi-rank path allows at most 2 ranks per GPU (torch 2.14.1 brings NCCL 2.30.7):
+    3 or more look like separate hosts, as on older NCCL."""
+    from ringcomm.transport.cuda import shared_gpu_env
+
+    for version in (22809, 23007, 23200):
+        envs = [shared_gpu_env(r, 3, nccl_version=version, environ={}) for r in range(3)]
+        assert all("NCCL_MULTI_RANK_GPU_ENABLE" not in env for env in envs), envs
+        assert len({env["NCCL_HOSTID"] for env in envs}) == 3
+        assert all(env["NCCL_SOCKET_IFNAME"] == "lo" for env in envs)
 
 
 def test_shared_gpu_env_keeps_what_the_user_set():
@@ -102,14 +114,14 @@ def test_shared_gpu_env_keeps_what_the_user_set():
 
     user = {"NCCL_MAX_CTAS": "2", "NCCL_NVLS_ENABLE": "1", "NCCL_SOCKET_IFNAME": "eth0",
             "NCCL_HOSTID": "box"}
-    old = [shared_gpu_env(r, nccl_version=22809, environ=user) for r in range(2)]
+    old = [shared_gpu_env(r, 2, nccl_version=22809, environ=user) for r in range(2)]
     for rank, env in enumerate(old):
         assert env["NCCL_MAX_CTAS"] == "2" and env["NCCL_NVLS_ENABLE"] == "1"
         assert env["NCCL_SOCKET_IFNAME"] == "eth0"
         assert env["NCCL_MNNVL_ENABLE"] == "0" and env["NCCL_IB_DISABLE"] == "1"
         assert env["NCCL_HOSTID"].startswith("box") and str(rank) in env["NCCL_HOSTID"]
     assert old[0]["NCCL_HOSTID"] != old[1]["NCCL_HOSTID"]
-    new = shared_gpu_env(0, nccl_version=23003, environ=user)
+    new = shared_gpu_env(0, 2, nccl_version=23003, environ=user)
     assert new["NCCL_MAX_CTAS"] == "2" and "NCCL_HOSTID" not in new
 
 
@@ -123,7 +135,7 @@ def test_shared_gpu_env_asks_the_nccl_ringcomm_loads():
         version = _C.nccl_library(**nccl_search())[1]
     except _C.RingcommError as error:
         pytest.skip(f"NCCL's library (libnccl.so.2) could not be loaded: {str(error).splitlines()[0]}")
-    env = test_env(0)
+    env = test_env(0, 2)
     expected = ({"NCCL_MULTI_RANK_GPU_ENABLE"} if version >= MULTI_RANK_GPU_NCCL else
                 {"NCCL_HOSTID", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE"})
     assert set(env) == expected | set(SHARED_GPU_DEFAULTS)
@@ -170,3 +182,71 @@ def test_no_usable_gpu_names_the_cuda_error():
     with pytest.raises(_C.RingcommError) as raised:
         cuda_backend.create(None, 0, CommOptions())
     assert str(raised.value).endswith("no CUDA device is usable: " + reason)
+
+
+# -- recorded collectives' settings ---------------------------------------------------------------
+
+def test_cuda_graphs_turn_off_without_nccls_graph_mixing(caplog):
+    """Replay runs recorded and eager NCCL work on one communicator (NCCL's graph mixing):
+    NCCL_GRAPH_MIXING_SUPPORT=0 or NCCL_GRAPH_STREAM_ORDERING=0 turn cuda_graphs off, and the
+    INFO log says so. On, NCCL_GRAPH_REGISTER=0 is set unless the user set it."""
+    from ringcomm.transport.cuda import graphs_wanted
+
+    caplog.set_level("INFO", logger="ringcomm")
+    for name in ("NCCL_GRAPH_MIXING_SUPPORT", "NCCL_GRAPH_STREAM_ORDERING"):
+        environ = {name: "0"}
+        assert graphs_wanted(True, environ) is False
+        assert environ == {name: "0"}
+        assert f"cuda_graphs off: {name}=0" in caplog.text
+    environ = {"NCCL_GRAPH_MIXING_SUPPORT": "1"}
+    assert graphs_wanted(True, environ) is True
+    assert environ["NCCL_GRAPH_REGISTER"] == "0"
+    assert "cuda_graphs on: NCCL_GRAPH_REGISTER=0" in caplog.text
+    mine = {"NCCL_GRAPH_REGISTER": "1"}
+    assert graphs_wanted(True, mine) is True and mine == {"NCCL_GRAPH_REGISTER": "1"}
+    untouched = {}
+    assert graphs_wanted(False, untouched) is False and untouched == {}
+
+
+def test_ring_arguments_carry_the_graphs_decision(monkeypatch):
+    from ringcomm import CommOptions
+    from ringcomm.transport import cuda
+
+    options = CommOptions(timeout=5).resolved(2)
+    monkeypatch.setenv("NCCL_GRAPH_STREAM_ORDERING", "0")
+    assert cuda.ring_arguments(options)["cuda_graphs"] is False
+    monkeypatch.delenv("NCCL_GRAPH_STREAM_ORDERING")
+    monkeypatch.setenv("NCCL_GRAPH_REGISTER", "0")  # what graphs_wanted would set, undone after
+    assert cuda.ring_arguments(options)["cuda_graphs"] is True
+
+
+# -- Works of calls enqueued on a CUDA stream ---------------------------------------------------
+
+class _Event:
+    """A CUDA event as the Works use it: query() says whether the GPU got past it."""
+
+    def __init__(self, done):
+        self.done = done
+
+    def query(self):
+        return self.done
+
+
+def test_a_work_on_a_stream_answers_is_completed_from_its_event():
+    """The Future of a call enqueued on a CUDA stream completes at once: is_completed asks the
+    event recorded after the call instead (the Communicator API's Work, and the backend's
+    point-to-point Works)."""
+    import torch
+
+    from ringcomm.c10d.work import FutureWork
+    from ringcomm.work import Work
+
+    enqueued = torch.futures.Future()
+    enqueued.set_result([])
+    event = _Event(False)
+    api, backend = Work(enqueued, done=event), FutureWork(enqueued, None, done=lambda: event)
+    assert not api.is_completed() and not backend.is_completed() and not backend.is_success()
+    event.done = True
+    assert api.is_completed() and backend.is_completed() and backend.is_success()
+    # Not yet posted (a batch still collecting its list): its Future says.
+    assert FutureWork(torch.futures.Future(), None, done=lambda: None).is_completed() is False

@@ -440,9 +440,9 @@ def test_closing_with_a_live_graph_keeps_what_it_replays():
 # -- recorded collectives --------------------------------------------------------------------------
 
 def _repeat_on_the_same_buffers(comm):
-    """An all_reduce on the same buffers again and again (DDP's buckets) is recorded at its
-    second call and replayed by the later ones, interleaved with eager collectives on other
-    buffers and streams: every result exact, in launch order."""
+    """A tagged all_reduce on the same buffers again and again (DDP's buckets) is recorded at
+    its second call and replayed by the later ones, interleaved with untagged collectives on
+    other buffers and streams: every result exact, in launch order."""
     core, n, r = _ring(comm), comm.world_size, comm.rank
     main, side = host_gpu.new_stream(), host_gpu.new_stream()
     bucket, kept = torch.zeros(3001), []  # kept: fresh buffers never reuse an address
@@ -452,7 +452,7 @@ def _repeat_on_the_same_buffers(comm):
     for round_ in range(6):
         bucket.fill_(r + 1 + round_)
         core.run(_C.CollectiveRequest(_C.Collective.all_reduce, bucket.data_ptr(), 0, 3001, f32,
-                                      add, stream=main))
+                                      add, stream=main, replay_tag=0))
         fresh = torch.full((777,), float(r * round_), dtype=torch.float64)  # new buffers
         core.run(_C.CollectiveRequest(_C.Collective.all_reduce, fresh.data_ptr(), 0, 777, f64,
                                       top, stream=side))
@@ -471,7 +471,7 @@ def test_repeated_collectives_replay_a_recorded_graph_exactly(n):
         results = raise_first(run_ranks(n, _repeat_on_the_same_buffers))
     assert results == [[(0, 0)] * 6] * n, results
     # Per rank: round 0 eager (seen once), round 1 recorded and launched, rounds 2-5 launched;
-    # the fresh buffers are never recorded.
+    # the untagged calls are never recorded.
     calls = host_gpu.calls()
     assert calls["cudaStreamBeginCapture"] == n and calls["cudaGraphLaunch"] == 5 * n, calls
     assert host_gpu.violations() == []
@@ -480,7 +480,7 @@ def test_repeated_collectives_replay_a_recorded_graph_exactly(n):
 def _groups_per_repeat(comm):
     core, buf = _ring(comm), torch.ones(5000)
     request = _C.CollectiveRequest(_C.Collective.all_reduce, buf.data_ptr(), 0, 5000,
-                                   _C.DataType.float32, _C.RedOp.sum)
+                                   _C.DataType.float32, _C.RedOp.sum, replay_tag=0)
     for _ in range(3):
         core.run(request)
     return host_gpu.calls().get("cudaGraphLaunch", 0), float(buf[0])

@@ -3,9 +3,9 @@ one verdict; and whether the plan adds up and fits the machine it is for (gpu_ma
 
 Order: correctness first (every collective x dtype x op exact at world 2, the DDP hook against
 stock DDP, the torch backend on CUDA), then failure handling (CUDA graphs, a dead peer or a
-skipped collective timing out), then point-to-point and the one-hop algorithms, then speed
-(ringcomm against ncclAllReduce at 64 and 256 MiB), and only with time left the kernels'
-bandwidth, the remaining GPU tests, world 4 and the kernels under compute-sanitizer.
+skipped collective timing out), then speed (ringcomm against ncclAllReduce at 64 and 256 MiB),
+and only with time left point-to-point and the one-hop algorithms, the kernels' bandwidth, the
+remaining GPU tests, world 4 and the kernels under compute-sanitizer.
 
 Limits come from costs: starting the ranks costs LAUNCH_S whatever they run, so each multi-rank
 stage runs its tests in ONE launch (tests/support/shared_launch.py), and its limit is pytest's start +
@@ -26,6 +26,10 @@ import gpu_machine
 ROOT = Path(__file__).resolve().parent.parent
 FINISH_S = 15  # after the stages: the last one's kill slack and the final bundle
 TIME_LIMIT = gpu_machine.MACHINE["check_minutes"] * 60 - FINISH_S  # seconds for all stages
+# The per-test costs are estimates until a GPU run measures them (the summary records each
+# test's seconds): mandatory stages leave this share of the time limit free.
+SLACK = 0.2
+MANDATORY_LIMIT = TIME_LIMIT * (1 - SLACK)
 TEST_TIMEOUT = 30  # pytest-timeout per test run in pytest's own process
 GPU_TESTS = "tests/test_gpu.py"
 CHECK = "tools/gpu_check.py"  # also runs the env and info stages' probes
@@ -150,8 +154,8 @@ def plan(python, work, pytest_timeout=True, tools=None):
         Stage("info", 10, py + [CHECK, "--probe", "info", "--out", str(work)], result="info.json"),
         Stage("tests_correct", **tests("tests_correct")),
         Stage("tests_failures", **tests("tests_failures")),
-        Stage("tests_p2p_one_hop", **tests("tests_p2p_one_hop")),
         Stage("allreduce2", **allreduce(2, 20)),
+        Stage("tests_p2p_one_hop", **tests("tests_p2p_one_hop"), optional=True),
         Stage("kernels", 20, py + ["bench/gpu_kernels.py", "--mib", "256", "--json",
                                    str(work / "kernels.json")], result="kernels.json",
               optional=True),
@@ -206,7 +210,8 @@ def table(stages):
 
 
 def junit_counts(path):
-    """{tests, failures, errors, skipped, failed: [names], cut_short: [names]} of a JUnit file."""
+    """{tests, failures, errors, skipped, failed: [names], cut_short: [names], seconds: {name:
+    seconds}} of a JUnit file (the seconds: what a first run measures, for the plan's costs)."""
     try:
         root = ET.parse(path).getroot()
     except ET.ParseError as error:
@@ -221,6 +226,8 @@ def junit_counts(path):
     counts["cut_short"] = [f"{c.get('classname')}::{c.get('name')}" for c in cases
                            for skip in c.findall("skipped")
                            if "cut short:" in (skip.get("message") or "")]
+    counts["seconds"] = {f"{c.get('classname')}::{c.get('name')}": float(c.get("time", 0))
+                         for c in cases}
     return counts
 
 
@@ -291,8 +298,9 @@ def arithmetic(stages):
             found.append(f"{stage.name}: its launch's {launch} s leave pytest no time to start "
                          f"and report within {stage.limit} s")
     mandatory = sum(s.limit for s in stages if not s.optional)
-    if mandatory > TIME_LIMIT:
-        found.append(f"mandatory stages need {mandatory} s, over the limit of {TIME_LIMIT} s")
+    if mandatory > MANDATORY_LIMIT:
+        found.append(f"mandatory stages need {mandatory} s, over {MANDATORY_LIMIT:g} s (the time "
+                     f"limit of {TIME_LIMIT} s less {SLACK:.0%} slack)")
     return found
 
 

@@ -171,7 +171,7 @@ def info_probe():
     info = dict(ringcomm.build_info(), cuda_available=_C.cuda_available(),
                 devices=_C.device_count())
     info["nccl_library"], info["nccl_runtime_version"] = _C.nccl_library(**cuda.nccl_search())
-    # How several ranks share the GPU with that NCCL: the variables each rank gets.
-    shared = cuda.shared_gpu_env(0, info["nccl_runtime_version"])
+    # How two ranks share the GPU with that NCCL: the variables each rank gets.
+    shared = cuda.shared_gpu_env(0, 2, info["nccl_runtime_version"])
     info["multi_rank_path"] = " ".join(f"{name}={value}" for name, value in shared.items())
     return info

@@ -122,12 +122,12 @@ void Communicator::run(const CollectiveRequest& r) {
   const LocalCopy copy = mapBuffers(r, rank_, worldSize_, c);
   prepare(c, r.op, r.type, wireType, r.avgDivisor);
   CallName call = describe(r, c.sequence, algorithmName(c.plan->request.algorithm));
-  // A ring plan's device work depends on the request alone: a device transport may record it
-  // and replay it for the same request (the one-hop plans keep per-round host state).
+  // A ring plan's device work depends on the request and the slice size alone: a device
+  // transport may record a tagged one and replay it (the one-hop plans keep per-round state).
   ReplayKey key{static_cast<int>(r.collective), static_cast<int>(r.type), static_cast<int>(r.op),
                 r.root, static_cast<int>(c.plan->request.algorithm), static_cast<int>(wireType),
-                r.output, r.input, r.count};
-  if (c.plan->request.algorithm == Algorithm::Ring && worldSize_ > 1) {
+                r.count, sliceBytes(), r.replayTag, r.output, r.input};
+  if (r.replayTag >= 0 && c.plan->request.algorithm == Algorithm::Ring && worldSize_ > 1) {
     call.replay = &key;
     recorder_->name(call);  // a replay is recorded as it was launched
     try {

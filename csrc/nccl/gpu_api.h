@@ -36,7 +36,14 @@
   X(cudaError_t, cudaGraphInstantiate, (cudaGraphExec_t*, cudaGraph_t, unsigned long long)) \
   X(cudaError_t, cudaGraphLaunch, (cudaGraphExec_t, cudaStream_t))                  \
   X(cudaError_t, cudaGraphExecDestroy, (cudaGraphExec_t))                           \
-  X(cudaError_t, cudaGraphDestroy, (cudaGraph_t))
+  X(cudaError_t, cudaGraphDestroy, (cudaGraph_t))                                   \
+  X(cudaError_t, cudaStreamGetCaptureInfo, (cudaStream_t, cudaStreamCaptureStatus*,  \
+    unsigned long long*, cudaGraph_t*, const cudaGraphNode_t**, const cudaGraphEdgeData**, \
+    size_t*))                                                                       \
+  X(cudaError_t, cudaUserObjectCreate, (cudaUserObject_t*, void*, cudaHostFn_t,      \
+    unsigned int, unsigned int))                                                    \
+  X(cudaError_t, cudaGraphRetainUserObject, (cudaGraph_t, cudaUserObject_t, unsigned int, \
+    unsigned int))
 
 // X(required, return type, name, parameters). ncclCommInitRankConfig (NCCL 2.14) is required:
 // ringcomm's communicators are non-blocking (see nccl_transport.h).

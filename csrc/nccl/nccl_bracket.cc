@@ -72,7 +72,7 @@ void NcclTransport::end() {
   RC_GPU(cudaEventRecord(commAll_, commStream_));
   RC_GPU(cudaStreamWaitEvent(compute_, commAll_, 0));
   if (capturing_) {
-    if (!recording_) ++capturedCollectives_;
+    if (!recording_) holdForCallersGraph();
     // The caller's stream joins the capture's streams back (an event of the capture), then at
     // each replay moves the timeline on (an external record; see begin).
     RC_GPU(cudaEventRecord(done_, compute_));
@@ -87,6 +87,23 @@ void NcclTransport::end() {
   }
   inCollective_ = false;
   if (callerDevice_ != options_.device) RC_GPU(cudaSetDevice(callerDevice_));
+}
+
+// NCCL ties its resources to the graphs that use them the same way (cudaGraphRetainUserObject).
+void NcclTransport::holdForCallersGraph() {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  cudaGraph_t graph = nullptr;
+  RC_GPU(cudaStreamGetCaptureInfo(caller_, &status, nullptr, &graph, nullptr, nullptr, nullptr));
+  auto* reference = new std::shared_ptr<GraphHolds>(holds_);
+  cudaUserObject_t object = nullptr;
+  const cudaError_t made = api_->cudaUserObjectCreate(&object, reference, &GraphHolds::released,
+                                                      1, cudaUserObjectNoDestructorSync);
+  if (made != cudaSuccess) {
+    delete reference;
+    failCuda(made, "cudaUserObjectCreate");
+  }
+  holds_->hold();
+  RC_GPU(cudaGraphRetainUserObject(graph, object, 1, cudaGraphUserObjectMove));
 }
 
 void NcclTransport::noteInflight(cudaStream_t after) {

@@ -28,9 +28,9 @@ void NcclTransport::sendRecvBatch(const std::vector<DirectMessage>& messages) {
   // still write what it sends or read what it overwrites), and later compute after it.
   RC_GPU(cudaEventRecord(computeAll_, compute_));
   RC_GPU(cudaStreamWaitEvent(commStream_, computeAll_, 0));
-  std::vector<int> peers;
+  std::vector<Link> peers;
   for (const DirectMessage& m : messages)
-    if (m.bytes > 0) peers.push_back(m.peer);
+    if (m.bytes > 0) peers.push_back({m.peer, m.send});
   runGroup(
       peers,
       [&](ncclComm_t comm) {
@@ -61,13 +61,14 @@ void NcclTransport::flush() {
 }
 
 template <typename Enqueue>
-void NcclTransport::runGroup(const std::vector<int>& peers, Enqueue enqueue,
+void NcclTransport::runGroup(const std::vector<Link>& peers, Enqueue enqueue,
                              const std::function<std::string()>& what) {
-  for (int peer : peers)
-    if (capturing_ && !connected_[peer]) {
+  for (const Link& link : peers)
+    if (capturing_ && !connected(link)) {
       const std::string why = detail::concat(
-          "a CUDA graph capture cannot hold the first exchange with rank ", peer,
-          " (NCCL connects to it then): run this collective once before capturing, as a warm-up");
+          "a CUDA graph capture cannot hold the first ", link.send ? "send to" : "receive from",
+          " rank ", link.peer, " (NCCL connects to it then): run this collective once before "
+          "capturing, as a warm-up");
       abort(why);
       RC_THROW(why, where());
     }
@@ -83,7 +84,7 @@ void NcclTransport::runGroup(const std::vector<int>& peers, Enqueue enqueue,
   }
   // The first exchange with a peer connects to it, which waits for the peer.
   awaitNccl(what, options_.timeoutSeconds);
-  for (int peer : peers) connected_[peer] = true;
+  for (const Link& link : peers) (link.send ? sendConnected_ : recvConnected_)[link.peer] = true;
 }
 
 void NcclTransport::issue(const std::vector<QueuedSend>& sends, const Receive* receive) {
@@ -103,10 +104,10 @@ void NcclTransport::issue(const std::vector<QueuedSend>& sends, const Receive* r
     RC_GPU(cudaStreamWaitEvent(commStream_, computeAll_, 0));
   }
 
-  std::vector<int> peers;
+  std::vector<Link> peers;
   for (const QueuedSend& s : sends)
-    if (s.bytes > 0) peers.push_back(s.peer);
-  if (receives) peers.push_back(receive->peer);
+    if (s.bytes > 0) peers.push_back({s.peer, true});
+  if (receives) peers.push_back({receive->peer, false});
   runGroup(
       peers,
       [&](ncclComm_t comm) {
@@ -151,8 +152,8 @@ void NcclTransport::exchange(const std::vector<PublishOp>& ops, int phase) {
   flush();  // sends queued before it leave first, in the order their receivers expect
   RC_GPU(cudaEventRecord(computeAll_, compute_));
   RC_GPU(cudaStreamWaitEvent(commStream_, computeAll_, 0));
-  std::vector<int> peers;
-  for (const PublishOp& op : ops) peers.push_back(op.peer);
+  std::vector<Link> peers;
+  for (const PublishOp& op : ops) peers.push_back({op.peer, op.send});
   runGroup(
       peers,
       [&](ncclComm_t comm) {

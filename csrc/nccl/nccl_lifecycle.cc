@@ -1,7 +1,7 @@
-// NcclTransport's life cycle: creating and destroying the non-blocking NCCL communicator, the
-// owner's waits on it, the watchdog thread for collectives still running on the GPU past the
-// timeout, and the host's view of completion (query, synchronize, abort). The data path is in
-// nccl_transport.cc, nccl_groups.cc and nccl_bracket.cc.
+// NcclTransport's life cycle: creating the non-blocking NCCL communicator (freeing it is
+// nccl_release.cc's), the owner's waits on it, the watchdog thread for collectives still running
+// on the GPU past the timeout, and the host's view of completion (query, synchronize, abort).
+// The data path is in nccl_transport.cc, nccl_groups.cc and nccl_bracket.cc.
 #include "nccl/nccl_transport.h"
 
 #include <algorithm>
@@ -24,7 +24,6 @@ constexpr auto kWatchdogPeriod = std::chrono::milliseconds(50);
 std::string describe(const CallName& call) {
   return call.numbered ? detail::concat(call.name, " #", call.sequence) : call.name;
 }
-constexpr double kFinalizeSeconds = 30.0;  // a vanished peer must not hold up close()
 
 // Waits between polls of a call in progress: a group is usually enqueued within microseconds,
 // while creation or a first connection may take seconds.
@@ -90,7 +89,8 @@ void NcclTransport::create() {
   make(recvFree_, slots);
   make(inflightEvents_, kInflightEvents);
   sendFreePending_.assign(slots, false);
-  connected_.assign(options_.worldSize, false);
+  sendConnected_.assign(options_.worldSize, false);
+  recvConnected_.assign(options_.worldSize, false);
   recvFreePending_.assign(slots, false);
   slotStride_ = (options_.slotBytes + 255) / 256 * 256;  // 256-byte aligned: vector kernels
   void* memory = nullptr;
@@ -122,80 +122,6 @@ void NcclTransport::create() {
   }
   awaitNccl([] { return std::string("creating the NCCL communicator (waiting for every rank)"); },
             options_.timeoutSeconds);
-}
-
-// Frees everything the constructor made; never throws (it runs while exceptions unwind).
-void NcclTransport::release() noexcept {
-  if (api_ == nullptr) return;  // the GPU functions could not be loaded: nothing was made
-  if (capturedCollectives_ > 0 && !aborted_) {
-    // A CUDA graph may replay captured collectives after close(): they use this NCCL
-    // communicator, its streams, events and slots, which therefore live as long as the process.
-    // (Finalizing would also wait for replays that may never come.) Only the watchdog stops.
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stopping_ = true;
-    }
-    wake_.notify_all();
-    if (watchdog_.joinable()) watchdog_.join();
-    return;
-  }
-  int previous = -1;
-  const bool switched = api_->cudaGetDevice(&previous) == cudaSuccess &&
-                        previous != options_.device &&
-                        api_->cudaSetDevice(options_.device) == cudaSuccess;
-  if (!recordings_.empty() || recording_) {
-    // Replays still running end first (bounded: a vanished peer must not hold up close()).
-    const auto deadline = Clock::now() + std::chrono::duration<double>(
-                                             std::min(options_.timeoutSeconds, kFinalizeSeconds));
-    try {
-      for (int rounds = 0; !aborted_ && !query() && Clock::now() < deadline; ++rounds)
-        backOff(rounds);
-    } catch (const Error&) {
-      // query() raised: the communicator was aborted; its graphs go all the same.
-    }
-    dropRecordings();
-  }
-  ncclResult_t finalizing = ncclInvalidUsage;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (comm_ != nullptr && !aborted_) finalizing = api_->ncclCommFinalize(comm_);
-  }
-  if (finalizing == ncclSuccess || finalizing == ncclInProgress) {
-    // Finalize flushes outstanding work; a peer that vanished must not hold up close().
-    try {
-      awaitNccl([] { return std::string("finalizing the NCCL communicator"); },
-                std::min(options_.timeoutSeconds, kFinalizeSeconds));
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (comm_ != nullptr) api_->ncclCommDestroy(comm_);
-      comm_ = nullptr;
-    } catch (const Error&) {
-      // awaitNccl aborted the communicator.
-    }
-  }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    abortLocked("the communicator was closed");  // a no-op once it was destroyed
-    stopping_ = true;
-  }
-  wake_.notify_all();
-  if (watchdog_.joinable()) watchdog_.join();
-  if (compute_) api_->cudaStreamSynchronize(compute_);
-  if (commStream_) api_->cudaStreamSynchronize(commStream_);
-  if (buffers_) api_->cudaFree(buffers_);
-  if (staging_) api_->cudaFree(staging_);
-  buffers_ = staging_ = nullptr;
-  for (auto* events : {&sendReady_, &sendFree_, &recvReady_, &recvFree_, &inflightEvents_}) {
-    for (cudaEvent_t e : *events)
-      if (e) api_->cudaEventDestroy(e);
-    events->clear();
-  }
-  for (cudaEvent_t* e : {&callerReady_, &computeAll_, &commAll_, &done_, &timeline_})
-    if (*e) api_->cudaEventDestroy(*e), *e = nullptr;
-  if (compute_) api_->cudaStreamDestroy(compute_);
-  if (commStream_) api_->cudaStreamDestroy(commStream_);
-  if (recordStream_) api_->cudaStreamDestroy(recordStream_);
-  compute_ = commStream_ = recordStream_ = nullptr;
-  if (switched) api_->cudaSetDevice(previous);
 }
 
 std::string NcclTransport::where() const {

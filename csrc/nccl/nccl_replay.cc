@@ -1,6 +1,8 @@
 // NcclTransport's recorded collectives (see nccl_transport.h, recordGraphs): a ring collective
-// requested again on the same buffers is captured as a CUDA graph when it comes the second time,
-// then replayed by one launch per call.
+// the caller tagged is captured as a CUDA graph when its key comes the second time, then
+// replayed by one launch per call. Keys hold no addresses and only tagged calls count, so every
+// rank records and replays the same calls: NCCL requires both sides of each send/receive to be
+// captured alike.
 #include "nccl/nccl_transport.h"
 
 #include "ringcomm/error.h"
@@ -10,10 +12,10 @@ namespace ringcomm {
 #define RC_GPU(call) check(api_->call, #call)
 
 bool NcclTransport::shouldRecord(const ReplayKey& key) {
-  if (!options_.recordGraphs || eagerCollectives_ == 0 || recordings_.size() >= kMaxRecordings)
-    return false;
+  // Capped alike on every rank: every rank counts the same keys.
+  if (!options_.recordGraphs || recordings_.size() >= kMaxRecordings) return false;
   if (seenOnce_.erase(key) > 0) return true;
-  if (seenOnce_.size() >= kMaxSeen) seenOnce_.clear();  // buffers that never come back
+  if (seenOnce_.size() >= kMaxSeen) seenOnce_.clear();
   seenOnce_.insert(key);
   return false;
 }
@@ -38,6 +40,12 @@ bool NcclTransport::replay(uintptr_t stream, const CallName& call) {
   const auto it = recordings_.find(*call.replay);
   if (it == recordings_.end()) return false;
   checkUsable();
+  const ReplayKey& recorded = it->first;
+  if (recorded.output != call.replay->output || recorded.input != call.replay->input)
+    RC_THROW("replay tag ", recorded.tag, " was recorded on other buffers (output ",
+             recorded.output, ", input ", recorded.input, "; now ", call.replay->output, ", ",
+             call.replay->input, "): a tag promises the same buffers on every call from its "
+             "second on", where());
   const auto caller = reinterpret_cast<cudaStream_t>(stream);
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   RC_GPU(cudaStreamIsCapturing(caller, &status));

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "nccl/gpu_api.h"
+#include "nccl/graph_holds.h"
 #include "nccl/group_queue.h"
 #include "nccl/publications.h"
 #include "nccl/transport_options.h"
@@ -106,6 +107,12 @@ class NcclTransport : public Transport {
 
   void create();
   void release() noexcept;
+  // What release() frees, taken out of the transport (nccl_release.cc): freed at once, or
+  // by the last graph of the caller's that holds it (graph_holds.h).
+  struct Leftovers;
+  std::shared_ptr<Leftovers> takeLeftovers();
+  // Ties the resources to the graph the caller's stream is capturing (a user object).
+  void holdForCallersGraph();
   void checkUsable() const {
     if (aborted_.load(std::memory_order_acquire)) throwAborted();
   }
@@ -115,9 +122,17 @@ class NcclTransport : public Transport {
   // One NCCL group: `enqueue(comm)` posts its operations between ncclGroupStart and
   // ncclGroupEnd (returning the first failure); then the owner waits until NCCL has enqueued
   // them (the first exchange with a peer connects to it). `what()` names the group, for errors.
-  // `peers`: the ranks it exchanges with; inside a capture each must have been connected before.
+  // `peers`: the ranks it sends to and receives from; inside a capture each such direction must
+  // have been connected before (NCCL connects a peer's send and receive sides separately).
+  struct Link {
+    int peer;
+    bool send;
+  };
+  bool connected(const Link& link) const {
+    return (link.send ? sendConnected_ : recvConnected_)[link.peer];
+  }
   template <typename Enqueue>
-  void runGroup(const std::vector<int>& peers, Enqueue enqueue,
+  void runGroup(const std::vector<Link>& peers, Enqueue enqueue,
                 const std::function<std::string()>& what);
   // Polls ncclCommGetAsyncError until the last call is done; aborts and raises past the limit.
   // `what()` is only called to describe a failure.
@@ -170,8 +185,11 @@ class NcclTransport : public Transport {
   char* staging_ = nullptr;  // publications_.stagingBytes()
   int stagedSlot_ = -1;
   uint64_t sendCount_ = 0, recvCount_ = 0;
-  std::vector<bool> connected_;  // per peer: an exchange with it has completed (NCCL connected)
-  uint64_t eagerCollectives_ = 0, capturedCollectives_ = 0;  // the latter: the caller's captures
+  // Per peer and direction: an exchange has completed (NCCL connected that side).
+  std::vector<bool> sendConnected_, recvConnected_;
+  uint64_t eagerCollectives_ = 0;
+  std::shared_ptr<GraphHolds> holds_ = std::make_shared<GraphHolds>();  // the caller's graphs
+  bool released_ = false;
 
   // Graphs of repeated collectives (recordGraphs): a key seen once is recorded when it comes
   // again, on recordStream_, then launched on the caller's stream.

@@ -26,7 +26,8 @@ std::string describeRequest(const CollectiveRequest& r) {
       << ", input=" << r.input << ", count=" << r.count << ", dtype=" << dataTypeName(r.type)
       << ", op=" << redOpName(r.op) << ", root=" << r.root
       << ", algorithm=" << algorithmName(r.algorithm) << ", wire_dtype="
-      << (r.wireType ? dataTypeName(*r.wireType) : "None") << ", stream=" << r.stream << ")";
+      << (r.wireType ? dataTypeName(*r.wireType) : "None") << ", stream=" << r.stream
+      << ", replay_tag=" << r.replayTag << ")";
   return out.str();
 }
 
@@ -36,18 +37,20 @@ void bindRequestClass(py::module_& m) {
   py::class_<R>(m, "CollectiveRequest",
                 "One collective call for Communicator.run: which collective, its buffers (raw "
                 "addresses), count (elements of the in-place tensor, else of this rank's block), "
-                "dtype, op, root, algorithm, wire dtype and stream")
+                "dtype, op, root, algorithm, wire dtype, stream and replay tag")
       .def(py::init([](Collective collective, uintptr_t output, uintptr_t input, size_t count,
                        DataType type, RedOp op, int root, Algorithm algorithm,
-                       std::optional<DataType> wireType, uintptr_t stream) {
-             return R{collective, address(output), address(input), count, type, op, root,
-                      algorithm, wireType, stream};
+                       std::optional<DataType> wireType, uintptr_t stream, int64_t replayTag) {
+             R r{collective, address(output), address(input), count, type, op, root,
+                 algorithm, wireType, stream};
+             r.replayTag = replayTag;
+             return r;
            }),
            py::arg("collective"), py::arg("output") = 0, py::arg("input") = 0,
            py::arg("count") = 0, py::arg("dtype") = DataType::Float32,
            py::arg("op") = RedOp::Sum, py::arg("root") = 0,
            py::arg("algorithm") = Algorithm::Ring, py::arg("wire_dtype") = py::none(),
-           py::arg("stream") = 0)
+           py::arg("stream") = 0, py::arg("replay_tag") = -1)
       .def_readwrite("collective", &R::collective)
       .def_property(
           "output", [](const R& r) { return reinterpret_cast<uintptr_t>(r.output); },
@@ -62,6 +65,7 @@ void bindRequestClass(py::module_& m) {
       .def_readwrite("algorithm", &R::algorithm)
       .def_readwrite("wire_dtype", &R::wireType)
       .def_readwrite("stream", &R::stream)
+      .def_readwrite("replay_tag", &R::replayTag)
       .def("__repr__", &describeRequest);
 }
 

@@ -60,6 +60,7 @@ class _RingBatch:
         self.ops, self.results, self.futures, self.copies = [], [], [], []
         self.stream = None  # the current CUDA stream at the first operation
         self.posted = False
+        self.done = None  # CUDA: an event recorded on that stream after the batch
 
     def add(self, kind, tensors, peer, tag):
         """Adds a send or receive; returns the Future its Work completes with."""
@@ -89,6 +90,7 @@ class _Coalescing:
 
     def __init__(self):
         self.futures = []
+        self.done = None  # CUDA: the batch's event, once posted
 
     def work(self, abort):
         futures = self.futures
@@ -97,7 +99,7 @@ class _Coalescing:
         if len(futures) > 1:  # one Future that fails with the first failure
             futures = [torch.futures.collect_all(futures).then(
                 lambda done: [f.wait() for f in done.value()])]
-        return FutureWork(futures[0], abort)
+        return FutureWork(futures[0], abort, done=lambda: self.done)
 
 
 class TorchPointToPoint:
@@ -201,7 +203,8 @@ class TorchPointToPoint:
         self._coalesced(future)
         if batch.expected is not None and len(batch.ops) >= batch.expected:
             self._post(batch)
-        return FutureWork(future, self.communicator.abort, post=lambda: self._post(batch))
+        return FutureWork(future, self.communicator.abort, post=lambda: self._post(batch),
+                          done=lambda: batch.done)
 
     def _post(self, batch):
         """Runs a batch as one group, on the stream its first operation was issued on, and
@@ -216,6 +219,11 @@ class TorchPointToPoint:
                 self.communicator.batch_isend_irecv(batch.ops)
                 for tensor, buffer in batch.copies:
                     tensor.copy_(buffer)
+                if batch.stream is not None:  # is_completed asks the GPU, as NCCL's Work does
+                    batch.done = torch.cuda.Event()
+                    batch.done.record(batch.stream)
+                    if isinstance(batch.source, _Coalescing):
+                        batch.source.done = batch.done
             except Exception as error:
                 for future in batch.futures:
                     future.set_exception(error)

@@ -29,11 +29,13 @@ class FutureWork(dist._Work):
     Future returns True from wait() even then) and, interrupted by Ctrl-C, aborts the
     communicator (ringcomm.waiting); a completed receive from any source knows its sender's
     rank. `post`: what makes it go out if it has not yet (a batch cut short goes out when one of
-    its Works is used)."""
+    its Works is used). `done()`: the CUDA event recorded after the call on its stream, once
+    posted (None on CPU): its Future completes when the call is enqueued, not run."""
 
-    def __init__(self, future, abort, source=None, post=None):
+    def __init__(self, future, abort, source=None, post=None, done=None):
         super().__init__()
         self._future, self._abort, self._source, self._post = future, abort, source, post
+        self._done = done
         self._cpp_future = None  # get_future's
 
     def wait(self, timeout=None):
@@ -44,11 +46,13 @@ class FutureWork(dist._Work):
 
     def is_completed(self):
         self._posted()
+        event = self._done() if self._done is not None else None
+        if event is not None and not event.query():
+            return False
         return self._future.done()
 
     def is_success(self):
-        self._posted()
-        if not self._future.done():
+        if not self.is_completed():
             return False
         try:
             self._future.value()

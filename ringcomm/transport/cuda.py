@@ -5,6 +5,7 @@ import os
 import sys
 
 from .. import _C
+from ..observe.log import logger
 from ..options import DEFAULTS, CommOptions
 
 
@@ -27,8 +28,9 @@ def nccl_search(options=None):
 
 
 # NCCL_MULTI_RANK_GPU_ENABLE exists from NCCL 2.30.3 (version code 23003); 2.30.0-2.30.2 refuse
-# a second rank on a device like older releases do.
+# a second rank on a device like older releases do. It allows at most 2 ranks per device.
 MULTI_RANK_GPU_NCCL = 23003
+MULTI_RANK_GPU_MAX_RANKS = 2
 
 
 # What every rank sharing a GPU also gets, on either path. NVLS (NVLink SHARP) and multi-node
@@ -39,24 +41,26 @@ SHARED_GPU_DEFAULTS = {"NCCL_NVLS_ENABLE": "0", "NCCL_MNNVL_ENABLE": "0",
                        "NCCL_MAX_CTAS": str(DEFAULTS["nccl_sms"])}
 
 
-def shared_gpu_env(rank, nccl_version=None, environ=None):
-    """Environment variables that let several ranks share one GPU; set them before NCCL creates
-    a communicator. NCCL >= 2.30.3 allows it when asked; older NCCL refuses ("Duplicate GPU
-    detected") unless each rank looks like its own host, and then talks over loopback sockets.
+def shared_gpu_env(rank, ranks_on_gpu, nccl_version=None, environ=None):
+    """Environment variables that let `ranks_on_gpu` ranks share one GPU; set them before NCCL
+    creates a communicator. NCCL >= 2.30.3 allows 2 when asked; older NCCL, or more ranks, are
+    refused ("Duplicate GPU detected") unless each rank looks like its own host, and then talk
+    over loopback sockets.
     What the user already set (in `environ`, default os.environ) is kept, except that a rank's
     NCCL_HOSTID must differ from its neighbours': a user's value gets the rank appended.
     nccl_version: the version code of the NCCL that will run (default: the one ringcomm loads)."""
     environ = os.environ if environ is None else environ
     if nccl_version is None:
         nccl_version = _C.nccl_library(**nccl_search())[1]
-    if nccl_version >= MULTI_RANK_GPU_NCCL:
+    multi_rank = nccl_version >= MULTI_RANK_GPU_NCCL and ranks_on_gpu <= MULTI_RANK_GPU_MAX_RANKS
+    if multi_rank:
         wanted = {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}
     else:
         # Sockets over loopback, not whatever InfiniBand the machine has: the path taken is known.
         wanted = {"NCCL_SOCKET_IFNAME": "lo", "NCCL_IB_DISABLE": "1"}
     wanted.update(SHARED_GPU_DEFAULTS)
     env = {name: environ.get(name, value) for name, value in wanted.items()}
-    if nccl_version < MULTI_RANK_GPU_NCCL:
+    if not multi_rank:
         env["NCCL_HOSTID"] = f"{environ.get('NCCL_HOSTID', 'ringcomm')}-rank-{rank}"
     return env
 
@@ -108,7 +112,32 @@ def ring_arguments(options, publish_bytes=0):
             "slots": options.cuda_slot_count, "timeout": options.timeout,
             "library_hint": search["hint"], "library": search["library"],
             "nccl_sms": options.nccl_sms, "publish_bytes": publish_bytes,
-            "cuda_graphs": options.cuda_graphs}
+            "cuda_graphs": graphs_wanted(options.cuda_graphs)}
+
+
+# Replay runs recorded and eager NCCL work on one communicator: NCCL's graph mixing, which
+# either of these set to 0 turns off.
+GRAPH_MIXING = ("NCCL_GRAPH_MIXING_SUPPORT", "NCCL_GRAPH_STREAM_ORDERING")
+
+
+def graphs_wanted(cuda_graphs, environ=None):
+    """Whether ringcomm records and replays collectives (the cuda_graphs option), set before its
+    NCCL communicator is made. Off where NCCL's graph mixing is off. On, it sets
+    NCCL_GRAPH_REGISTER=0 unless the user set it: inside a capture NCCL registers the buffers of
+    its point-to-point calls, which changes their protocol; without registration a recorded
+    call moves its data as an eager one does. NCCL reads it once per process, so it also
+    applies to torch's NCCL communicators made later."""
+    environ = os.environ if environ is None else environ
+    if not cuda_graphs:
+        return False
+    off = [name for name in GRAPH_MIXING if environ.get(name, "").strip() == "0"]
+    if off:
+        logger.info("cuda_graphs off: %s=0 turns off NCCL's graph mixing, which replay needs",
+                    "=0, ".join(off))
+        return False
+    environ.setdefault("NCCL_GRAPH_REGISTER", "0")
+    logger.info("cuda_graphs on: NCCL_GRAPH_REGISTER=%s", environ["NCCL_GRAPH_REGISTER"])
+    return True
 
 
 def _capturing():

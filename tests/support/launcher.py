@@ -33,7 +33,7 @@ started_pids = []
 
 def _worker(fn, rank, world_size, store_path, results, args, env):
     try:
-        os.environ.update(env(rank) if callable(env) else env)
+        os.environ.update(env(rank, world_size) if callable(env) else env)
         import torch.distributed as dist
 
         dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank,
@@ -61,12 +61,12 @@ def die_soon(store, after=0.05):
     threading.Thread(target=kill, daemon=True).start()
 
 
-def shared_gpu_env(rank):
-    """Environment that lets several ranks share one GPU, for launch(env=shared_gpu_env):
-    ringcomm.transport.cuda.shared_gpu_env (a function of the rank that spawn can pickle)."""
+def shared_gpu_env(rank, world_size):
+    """Environment that lets the ranks share one GPU, for launch(env=shared_gpu_env):
+    ringcomm.transport.cuda.shared_gpu_env (a function that spawn can pickle)."""
     from ringcomm.transport import cuda
 
-    return cuda.shared_gpu_env(rank)
+    return cuda.shared_gpu_env(rank, world_size)
 
 
 def launch(world_size, fn, *args, timeout=120, allow_exit=None, start_method="fork", env=None):
@@ -75,7 +75,7 @@ def launch(world_size, fn, *args, timeout=120, allow_exit=None, start_method="fo
     allow_exit: ranks whose process may end without reporting (killed on purpose by a test).
     start_method: "fork" or "spawn" (see the module docstring).
     env: environment variables each worker sets before anything else: a dict, or a picklable
-    function of the rank that returns one."""
+    function of the rank and world size that returns one."""
     allow_exit = set(allow_exit or ())
     ctx = multiprocessing.get_context(start_method)
     results = ctx.Queue()

@@ -55,6 +55,10 @@ struct CollectiveRequest {
   // AVG divides by this instead of the world size (0): a level of a two-level all_reduce
   // divides by the whole world's size, once.
   int avgDivisor = 0;
+  // A device transport may record the call as a graph at the second call with this tag and
+  // replay it: every rank passes the same tags, on buffers that stay the same from the second
+  // call on (DDP's buckets). -1: never recorded.
+  int64_t replayTag = -1;
 };
 
 // One send or receive of a batch (Communicator::sendRecvBatch).

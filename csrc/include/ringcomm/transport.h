@@ -72,18 +72,21 @@ struct TrafficStats {
   TrafficStats& operator+=(const TrafficStats& other);
 };
 
-// A collective a device transport may record once and replay (every field of its request but
-// the stream): the same key means the same device work on the same buffers.
+// A collective a device transport may record once and replay: the caller's tag and every
+// request field that shapes its device work but the buffers, so the same calls give the same
+// keys on every rank (NCCL requires a pair's sides to be captured alike). The buffers are
+// checked at each replay instead: a tag promises the same ones.
 struct ReplayKey {
   int collective = 0, type = 0, op = 0, root = 0, algorithm = 0, wireType = -1;
-  const void* output = nullptr;
+  size_t count = 0, sliceBytes = 0;
+  int64_t tag = -1;
+  const void* output = nullptr;  // not part of the key
   const void* input = nullptr;
-  size_t count = 0;
 
   bool operator<(const ReplayKey& o) const {
-    return std::tie(collective, type, op, root, algorithm, wireType, output, input, count) <
-           std::tie(o.collective, o.type, o.op, o.root, o.algorithm, o.wireType, o.output,
-                    o.input, o.count);
+    return std::tie(tag, collective, type, op, root, algorithm, wireType, count, sliceBytes) <
+           std::tie(o.tag, o.collective, o.type, o.op, o.root, o.algorithm, o.wireType, o.count,
+                    o.sliceBytes);
   }
 };
 

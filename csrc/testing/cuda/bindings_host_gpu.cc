@@ -159,6 +159,11 @@ void bindHostGpu(py::module_& testing) {
   m.def("launch_graph", [](uintptr_t graph, uintptr_t s) {
     hostgpu::launchGraph(graph, reinterpret_cast<cudaStream_t>(s));
   });
+  m.def("set_synchronize_failure", [](int status) {
+    hostgpu::setSynchronizeFailure(static_cast<cudaError_t>(status));
+  }, py::arg("status"));
+  m.def("destroy_graph", &hostgpu::destroyGraph, py::arg("graph"),
+        "The caller destroys a graph from end_capture (and what it instantiated from it)");
   m.def("unique_id", [] { return py::bytes(hostgpu::uniqueId()); });
   m.def("calls", &hostgpu::callCounts, "{function: calls} since reset()");
   m.def("violations", &hostgpu::violations, "misuse of CUDA or NCCL seen since reset()");

@@ -91,9 +91,13 @@ cudaError_t streamDestroy(cudaStream_t s) {
   return cudaSuccess;
 }
 
+std::atomic<cudaError_t> synchronizeFailure{cudaSuccess};
+
 cudaError_t streamSynchronize(cudaStream_t s) {
   count("cudaStreamSynchronize");
   stream(s)->synchronize();
+  if (const cudaError_t failure = synchronizeFailure.load(); failure != cudaSuccess)
+    return failed(failure);
   return cudaSuccess;
 }
 
@@ -240,6 +244,8 @@ cudaError_t peekLastError() {
   return stickyError.load() != cudaSuccess ? stickyError.load() : lastError;
 }
 void setStickyError(cudaError_t status) { stickyError = status; }
+
+void setSynchronizeFailure(cudaError_t status) { synchronizeFailure = status; }
 
 void submit(cudaStream_t s, std::function<void()> work) { submitTo(stream(s), std::move(work)); }
 

@@ -40,12 +40,18 @@ void launch(cudaStream_t stream, std::function<void()> work);
 void beginCapture(cudaStream_t stream);
 uintptr_t endCapture(cudaStream_t stream);
 void launchGraph(uintptr_t graph, cudaStream_t stream);
+// The caller's cudaGraphDestroy (and of every executable graph made from it): the user objects
+// it retained lose their reference, and those with none left run their destructors.
+void destroyGraph(uintptr_t graph);
 
 // CUDA's error state, kept as the runtime keeps it (host_cuda.cc): the calling thread's last
 // error without clearing it; a sticky error every later cudaGetLastError returns (cudaSuccess
 // clears it: a test's own reset).
 cudaError_t peekLastError();
 void setStickyError(cudaError_t status);
+// Every cudaStreamSynchronize returns `status` (after waiting), as the thread's last error, until
+// set back to cudaSuccess.
+void setSynchronizeFailure(cudaError_t status);
 
 // A fresh ncclUniqueId's bytes.
 std::string uniqueId();

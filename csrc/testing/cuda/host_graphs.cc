@@ -53,6 +53,36 @@ cudaError_t graphDestroy(cudaGraph_t) {
   return cudaSuccess;
 }
 
+// The graph a capture builds is the capture's own until endCapture moves it out.
+cudaError_t streamGetCaptureInfo(cudaStream_t s, cudaStreamCaptureStatus* status,
+                                 unsigned long long* id, cudaGraph_t* graph,
+                                 const cudaGraphNode_t**, const cudaGraphEdgeData**, size_t*) {
+  count("cudaStreamGetCaptureInfo");
+  Capture* capture = stream(s)->capture;
+  *status = capture ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  if (id) *id = reinterpret_cast<uintptr_t>(capture);
+  if (graph) *graph = capture ? reinterpret_cast<cudaGraph_t>(&capture->graph) : nullptr;
+  return cudaSuccess;
+}
+
+cudaError_t userObjectCreate(cudaUserObject_t* object, void* data, cudaHostFn_t destroy,
+                             unsigned int references, unsigned int) {
+  count("cudaUserObjectCreate");
+  *object = reinterpret_cast<cudaUserObject_t>(
+      new UserObject{data, destroy, static_cast<int>(references)});
+  return cudaSuccess;
+}
+
+cudaError_t graphRetainUserObject(cudaGraph_t graph, cudaUserObject_t handle, unsigned int count,
+                                  unsigned int flags) {
+  ringcomm::hostgpu::count("cudaGraphRetainUserObject");
+  if (graph == nullptr || count != 1) return failed(cudaErrorInvalidValue);
+  auto* object = reinterpret_cast<UserObject*>(handle);
+  if (!(flags & cudaGraphUserObjectMove)) ++object->references;  // else the caller's moves
+  reinterpret_cast<Graph*>(graph)->userObjects.push_back(object);
+  return cudaSuccess;
+}
+
 }  // namespace
 
 void fillGraphs(GpuApi& a) {
@@ -62,6 +92,19 @@ void fillGraphs(GpuApi& a) {
   a.cudaGraphLaunch = graphLaunch;
   a.cudaGraphExecDestroy = graphExecDestroy;
   a.cudaGraphDestroy = graphDestroy;
+  a.cudaStreamGetCaptureInfo = streamGetCaptureInfo;
+  a.cudaUserObjectCreate = userObjectCreate;
+  a.cudaGraphRetainUserObject = graphRetainUserObject;
+}
+
+void destroyGraph(uintptr_t handle) {
+  auto* graph = reinterpret_cast<Graph*>(handle);
+  for (UserObject* object : graph->userObjects)
+    if (--object->references == 0) {
+      object->destroy(object->data);
+      delete object;
+    }
+  graph->userObjects.clear();
 }
 
 void beginCapture(cudaStream_t s) {

@@ -17,6 +17,11 @@ void match(World& w, std::pair<int, int> key) {
     std::shared_ptr<Operation> s = sends.front(), r = receives.front();
     sends.pop_front();
     receives.pop_front();
+    if (s->captured != r->captured)
+      violation("a send/receive pair captured on one side only: rank " +
+                std::to_string(key.first) + "'s send to rank " + std::to_string(key.second) +
+                (s->captured ? " was" : " was not") + " graph-captured, rank " +
+                std::to_string(key.second) + "'s receive " + (r->captured ? "was" : "was not"));
     if (s->bytes != r->bytes) {
       const std::string why = "message truncated: rank " + std::to_string(key.first) + " sent " +
                               std::to_string(s->bytes) + " bytes to rank " +
@@ -78,6 +83,7 @@ bool connect(Comm* c, const std::vector<std::shared_ptr<Operation>>& ops, bool s
 void enqueue(Comm* c, std::vector<std::shared_ptr<Operation>> ops, bool stalled) {
   const cudaStream_t s = ops.front()->stream;
   const bool counted = !capturing(s);  // finalize waits for eager work only
+  for (auto& op : ops) op->captured = !counted;
   if (counted) {
     std::lock_guard<std::mutex> lock(c->world->mutex);
     ++c->pending;

@@ -29,6 +29,10 @@ struct Operation {
   void* data = nullptr;
   size_t bytes = 0;
   cudaStream_t stream = nullptr;
+  // Posted inside a stream capture (runs at each graph launch). NCCL requires both sides of a
+  // send/receive pair to be captured or both eager (its user guide, "Using NCCL with CUDA
+  // Graphs"): inside a capture it registers the buffers of the capturing side only.
+  bool captured = false;
   bool done = false;
 };
 
@@ -65,7 +69,8 @@ struct Comm {
   }
 };
 
-// Pairs the heads of (a, b)'s queues while both have one; world mutex held.
+// Pairs the heads of (a, b)'s queues while both have one, recording a pair whose sides differ
+// in capture as a violation; world mutex held.
 void match(World& w, std::pair<int, int> key);
 // One group's stream work: post fresh copies of its operations (a graph runs it again at every
 // launch), wait until all completed or the communicator was aborted.

@@ -96,9 +96,17 @@ struct Node {
   Event* event = nullptr;  // RecordExternal, WaitExternal
 };
 
+// A CUDA user object: its destructor runs when the last reference goes (destroyGraph).
+struct UserObject {
+  void* data = nullptr;
+  cudaHostFn_t destroy = nullptr;
+  int references = 0;
+};
+
 struct Graph {
   std::vector<std::vector<Node>> lanes;
   size_t records = 0;
+  std::vector<UserObject*> userObjects;  // one reference each
 };
 
 struct Capture {
