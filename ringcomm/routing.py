@@ -74,7 +74,7 @@ class Router:
             arguments = (collective, array, op, root, algorithm, wire_dtype, async_op,
                          replay_tag)
             return calls.run(name, Router.run_in_place, self, arguments, {})
-        if not (async_op or self._checked or replay_tag >= 0):
+        if not (async_op or self._checked or replay_tag >= 0):  # a tag: the checked route
             kind = type(array)  # exact types first: isinstance on torch.Tensor costs ~0.1 us
             numpy = wire_dtype is None and (kind is np.ndarray or
                                             (kind is not torch.Tensor and

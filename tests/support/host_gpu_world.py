@@ -32,14 +32,20 @@ class _Synchronized:
 
     def __getattr__(self, name):
         value = getattr(self._comm, name)
-        if name not in _STREAM_ORDERED:
-            return value
+        return _synchronizing(value) if name in _STREAM_ORDERED else value
 
-        def run(*args, **kwargs):
-            value(*args, **kwargs)
-            host_gpu.synchronize_caller()
+    def in_place_runners(self):
+        """The hot path's builtins, each returning once its collective has run."""
+        return tuple(_synchronizing(run) for run in self._comm.in_place_runners())
 
-        return run
+
+def _synchronizing(call):
+    def run(*args, **kwargs):
+        result = call(*args, **kwargs)
+        host_gpu.synchronize_caller()
+        return result
+
+    return run
 
 
 @contextlib.contextmanager
