@@ -3,6 +3,7 @@ graph-captured on both sides or on neither (its user guide, "Using NCCL with CUD
 inside a capture it registers the capturing side's buffers only, which changes that side's
 protocol. The host NCCL records a pair whose sides differ as a violation; these are the
 ordinary programs in which ranks used to decide alone, run on it."""
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -11,6 +12,16 @@ from host_gpu_world import host_gpu, host_nccl_backend, raise_first, run_ranks  
 from ringcomm import _C
 from ringcomm.c10d.backend import RingcommBackend
 from ringcomm.c10d.process_group import group_over
+
+
+@pytest.fixture(autouse=True)
+def _no_ddp_module_left_active():
+    """The ranks here are threads of the test process, and DDP's forward saves and restores one
+    class-wide "active module": concurrent forwards can leave another rank's set after they end,
+    and torch.compile in a later test's ranks (forked from this process) would then take that
+    module's bucket size (DDPOptimizer: "First bucket should be smaller/equal ...")."""
+    yield
+    torch.nn.parallel.DistributedDataParallel._active_ddp_module = None
 
 
 def _core(comm):
