@@ -63,9 +63,19 @@ const void* ShmBoard::read(int phase, uint32_t round, const Envelope& expected,
   std::atomic<uint32_t>& published = control_->published[phase];
   auto ready = [&] { return reached(published.load(std::memory_order_acquire), round); };
   if (!ready()) {
+    // `watch` may find a peer already running the next collective; that peer has read this
+    // publication, so it is visible once its message is: looked at again after the watch, it
+    // was only this rank's wake that came late (not a mismatch).
+    auto watchUnlessReady = [&] {
+      try {
+        watch();
+      } catch (const MismatchError&) {
+        if (!ready()) throw;
+      }
+    };
     const WaitTarget target{owner(), nullptr, "", &expected, phase};
     waitUntil(ready, published, control_->sleepers[phase], policy, target,
-              [this] { throwIfAborted(); }, watch);
+              [this] { throwIfAborted(); }, watchUnlessReady);
   }
   const PublicationHeader* got = header(phase, round);
   checkEnvelope(control_->header.ownerRank, got->envelope, expected, EnvelopeFrom::Publication);
