@@ -110,21 +110,30 @@ class _Tracked(torch.nn.Module):
         return x
 
 
+def _small_bucket_ddp(pg):
+    """(module, its DDP over `pg`): buckets of 10 KB, so every step reduces several."""
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), _Tracked(64), torch.nn.Linear(64, 8))
+    return net, torch.nn.parallel.DistributedDataParallel(net, process_group=pg,
+                                                          bucket_cap_mb=0.01)
+
+
+def _train_step(model, optimizer, seed):
+    data = torch.randn(16, 64, generator=torch.Generator().manual_seed(seed))
+    optimizer.zero_grad()
+    model(data).square().mean().backward()
+    optimizer.step()
+
+
 def _ddp_with_evaluation_on_rank_0(comm):
     """DDP over the torch backend, with rank 0 alone evaluating (and keeping what it logs)
     between training steps."""
     def body(pg):
         torch.manual_seed(0)
-        net = torch.nn.Sequential(torch.nn.Linear(64, 64), _Tracked(64), torch.nn.Linear(64, 8))
-        model = torch.nn.parallel.DistributedDataParallel(net, process_group=pg,
-                                                          bucket_cap_mb=0.01)
+        net, model = _small_bucket_ddp(pg)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         kept = []
         for step in range(4):
-            data = torch.randn(16, 64, generator=torch.Generator().manual_seed(comm.rank + step))
-            optimizer.zero_grad()
-            model(data).square().mean().backward()
-            optimizer.step()
+            _train_step(model, optimizer, comm.rank + step)
             if comm.rank == 0:
                 net.eval()
                 with torch.no_grad():
@@ -175,18 +184,13 @@ def _ddp_hook_with_evaluation_on_rank_0(comm):
 
     def body(pg):
         torch.manual_seed(0)
-        net = torch.nn.Sequential(torch.nn.Linear(64, 64), _Tracked(64), torch.nn.Linear(64, 8))
-        model = torch.nn.parallel.DistributedDataParallel(net, process_group=pg,
-                                                          bucket_cap_mb=0.01)
+        net, model = _small_bucket_ddp(pg)
         model.register_comm_hook(ringcomm.ddp.HookState(comm, async_cpu=False),
                                  ringcomm.ddp.allreduce_hook)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         kept = []
         for step in range(5):
-            data = torch.randn(16, 64, generator=torch.Generator().manual_seed(comm.rank + step))
-            optimizer.zero_grad()
-            model(data).square().mean().backward()
-            optimizer.step()
+            _train_step(model, optimizer, comm.rank + step)
             if comm.rank == 0:
                 with torch.no_grad():
                     kept.append(net(torch.randn(256, 64)))
