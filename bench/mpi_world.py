@@ -168,9 +168,11 @@ def numpy_buffers(bufs):
     return views
 
 
-def on_numpy(run):
-    """A Collective.ringcomm call (comm, bufs, ...) made on numpy views of the buffers."""
-    return lambda comm, bufs, *args, **kw: run(comm, numpy_buffers(bufs), *args, **kw)
+def on_numpy(run, comm, op, root):
+    """Impl.run for a Collective.ringcomm call on `comm`, made on numpy views of the buffers
+    through the same plumbing as MPI's calls (:func:`impl`): the columns differ by the
+    libraries' own calls only."""
+    return lambda c, b: run(comm, numpy_buffers(b), op, root)
 
 
 def _calls(MPI):

@@ -158,18 +158,20 @@ def takes_algorithm(coll):
 def _ringcomm_impls(comm, coll, args, device):
     """ringcomm-NAME per --algorithm where the call takes one and runs it, else one "ringcomm"
     column."""
-    # Beside MPI, ringcomm too is called on numpy views of the buffers (MPI's kind of buffer).
-    run = mpi_world.on_numpy(coll.ringcomm) if args.baseline == "mpi" else coll.ringcomm
-
     def counted():  # the shared-memory and TCP transports count; NCCL's do not
         stats = comm.stats()
         return stats.total_sent + stats.bytes_published
 
     sent = counted if device.type == "cpu" else None
+    run = coll.ringcomm
     if args.algorithm is None or not takes_algorithm(coll):
+        if args.baseline == "mpi":  # numpy views, through the plumbing of MPI's own calls
+            return [Impl("ringcomm", mpi_world.on_numpy(run, comm, args.op, args.root), sent)]
         return [Impl("ringcomm", lambda c, b: run(comm, b, args.op, args.root), sent)]
+    views = mpi_world.numpy_buffers if args.baseline == "mpi" else (lambda b: b)
     return [Impl(f"ringcomm-{name}",
-                 lambda c, b, name=name: run(comm, b, args.op, args.root, algorithm=name), sent)
+                 lambda c, b, name=name: run(comm, views(b), args.op, args.root, algorithm=name),
+                 sent)
             for name in args.algorithm if _runs(comm, coll, name, args, device)]
 
 

@@ -76,6 +76,9 @@ class Communicator:
         self._router = Router(rendezvous, self.options, self._recorder)
         self._p2p = PointToPoint(self._router, self.rank, self.world_size, self.timeout,
                                  self.debug)
+        # all_reduce's way in: the checked route, until the CPU ring's builtin takes its place
+        # (the first call made once the ring is set up installs it; see _checked_all_reduce).
+        self._all_reduce = Communicator._checked_all_reduce
 
     @classmethod
     def from_store(cls, store, rank, world_size, timeout=None, **options):
@@ -109,15 +112,25 @@ class Communicator:
 
             comm.all_reduce(grad, op="avg", wire_dtype=torch.bfloat16)
         """
+        return self._all_reduce(self, tensor, op, async_op, wire_dtype, algorithm, replay_tag)
+
+    def _checked_all_reduce(self, tensor, op, async_op, wire_dtype, algorithm, replay_tag):
+        """all_reduce by the router's way (its arguments checked and converted here), for every
+        call the CPU ring's builtin does not run itself: anything but a plain numpy array with
+        nothing more asked, and every call until that builtin is installed."""
         if algorithm is None:
             algorithm = self._default_algorithms["all_reduce"]
         else:
             algorithm = checks.algorithm(algorithm)
         wire = None if wire_dtype is None else as_c_dtype(wire_dtype)
-        # The router's fast way itself: no call in between (each counts at a few microseconds).
         tag = -1 if replay_tag is None else checks.replay_tag(replay_tag)
-        return self._router.run_in_place(_ALL_REDUCE, tensor, to_c_op(op), 0, algorithm, wire,
-                                         async_op, tag)
+        result = self._router.run_in_place(_ALL_REDUCE, tensor, to_c_op(op), 0, algorithm, wire,
+                                           async_op, tag)
+        if self._all_reduce is Communicator._checked_all_reduce:
+            self._all_reduce = self._router.all_reduce_entry(
+                Communicator._checked_all_reduce, self._default_algorithms["all_reduce"]
+            ) or Communicator._checked_all_reduce
+        return result
 
     @traced("reduce_scatter")
     def reduce_scatter(self, output, input, op="sum", *, async_op=False, algorithm=None):
@@ -375,6 +388,7 @@ class Communicator:
 
     def close(self):
         """Releases shared memory, device resources and the worker thread; idempotent."""
+        self._all_reduce = Communicator._checked_all_reduce  # the builtin holds the ring
         self._router.close()
 
     def __enter__(self):
