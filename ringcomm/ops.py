@@ -50,7 +50,7 @@ def to_reduce_op(op):
                      f"torch.distributed.ReduceOp or one of {choices}")
 
 
-_c_ops = {}
+_c_ops = {op: op for op in _C.RedOp.__members__.values()}  # _C's own ops pass through
 
 
 def to_c_op(op):

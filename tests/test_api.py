@@ -204,6 +204,53 @@ def test_numpy_arrays_reduce_and_broadcast_exactly_and_bad_ones_are_refused():
             assert got.dtype == expected.dtype and got.tolist() == expected.tolist(), t
 
 
+def entry_calls(rank, n):
+    """all_reduce once the ring's entry is installed: what it runs itself, what it hands on."""
+    comm = ringcomm.Communicator(timeout=30)
+    first = np.full(3, rank + 1, dtype=np.int32)
+    comm.all_reduce(first)  # the ring is set up by now: the entry takes the next calls
+    entry = comm._all_reduce
+    assert type(entry).__name__ == "builtin_function_or_method", entry
+    got = {"first": first}
+    # Run by the entry itself: plain arrays and tensors, ops by name or _C member.
+    got["numpy"] = comm.all_reduce(np.full(5, rank + 1.0, dtype=np.float64))
+    got["tensor"] = comm.all_reduce(torch.full((7,), rank + 2, dtype=torch.int64), "max")
+    got["c_op"] = comm.all_reduce(torch.full((2,), rank + 3.0), ringcomm._C.RedOp.min)
+    # Handed to the checked route as they came: each still exact, or refused as before.
+    got["upper"] = comm.all_reduce(torch.full((3,), 2.0), "SUM")
+    got["enum"] = comm.all_reduce(torch.full((3,), rank + 5.0), ringcomm.ReduceOp.MAX)
+    got["param"] = comm.all_reduce(torch.nn.Parameter(torch.ones(4), requires_grad=False))
+    got["wire"] = comm.all_reduce(torch.ones(6), wire_dtype=torch.bfloat16)
+    got["ring"] = comm.all_reduce(torch.ones(9), algorithm="ring")
+    work = comm.all_reduce(np.ones(4, dtype=np.float32), async_op=True)
+    after = comm.all_reduce(np.ones(4, dtype=np.float32))  # waits behind the queued call
+    work.wait()
+    got["async"] = after
+    with pytest.raises(ValueError, match="contiguous"):
+        comm.all_reduce(torch.ones(4, 2).t())
+    with pytest.raises(ValueError, match="unsupported reduction op 'plus'"):
+        comm.all_reduce(np.ones(2, dtype=np.float32), "plus")
+    with pytest.raises(TypeError):
+        entry(comm, np.ones(2, dtype=np.float32))  # the entry's own arguments are checked
+    assert comm._all_reduce is entry
+    comm.close()
+    with pytest.raises(ringcomm._C.RingcommError, match="closed"):
+        comm.all_reduce(np.ones(2, dtype=np.float32))
+    with pytest.raises(ringcomm._C.RingcommError, match="closed"):
+        entry(comm, np.ones(2, dtype=np.float32), "sum", False, None, None, None)
+    return {name: a.tolist() for name, a in got.items()}
+
+
+def test_all_reduce_entry_runs_plain_calls_and_hands_the_rest_to_the_checked_route():
+    n = 2
+    for got in launch(n, entry_calls):
+        assert got["first"] == [3] * 3 and got["numpy"] == [3.0] * 5
+        assert got["tensor"] == [n + 1] * 7 and got["c_op"] == [3.0] * 2
+        assert got["upper"] == [4.0] * 3 and got["enum"] == [n + 4.0] * 3
+        assert got["param"] == [2.0] * 4 and got["wire"] == [2.0] * 6
+        assert got["ring"] == [2.0] * 9 and got["async"] == [2.0] * 4
+
+
 def test_schedule_is_exported():
     s = ringcomm.schedule("all_gather", world_size=2, count=3)
     assert s.chunks == ((0, 3), (3, 3)) and len(s.steps) == 2

@@ -52,7 +52,9 @@ PublicationHeader* ShmBoard::header(int phase, uint32_t round) const {
 void* ShmBoard::area(int phase, uint32_t round) const { return header(phase, round) + 1; }
 
 void ShmBoard::publish(int phase, uint32_t round, const Envelope& envelope) {
-  header(phase, round)->envelope = envelope;
+  PublicationHeader* got = header(phase, round);
+  got->envelope = envelope;
+  got->round.store(round, std::memory_order_release);
   control_->published[phase].store(round, std::memory_order_seq_cst);
   wakeSleepers(control_->published[phase], control_->sleepers[phase], /*moveWord=*/false);
 }
@@ -60,8 +62,8 @@ void ShmBoard::publish(int phase, uint32_t round, const Envelope& envelope) {
 const void* ShmBoard::read(int phase, uint32_t round, const Envelope& expected,
                            const WaitPolicy& policy, const std::function<void()>& watch) const {
   throwIfAborted();
-  std::atomic<uint32_t>& published = control_->published[phase];
-  auto ready = [&] { return reached(published.load(std::memory_order_acquire), round); };
+  const PublicationHeader* got = header(phase, round);
+  auto ready = [&] { return reached(got->round.load(std::memory_order_acquire), round); };
   if (!ready()) {
     // `watch` may find a peer already running the next collective; that peer has read this
     // publication, so it is visible once its message is: looked at again after the watch, it
@@ -74,10 +76,9 @@ const void* ShmBoard::read(int phase, uint32_t round, const Envelope& expected,
       }
     };
     const WaitTarget target{owner(), nullptr, "", &expected, phase};
-    waitUntil(ready, published, control_->sleepers[phase], policy, target,
+    waitUntil(ready, control_->published[phase], control_->sleepers[phase], policy, target,
               [this] { throwIfAborted(); }, watchUnlessReady);
   }
-  const PublicationHeader* got = header(phase, round);
   checkEnvelope(control_->header.ownerRank, got->envelope, expected, EnvelopeFrom::Publication);
   return got + 1;
 }

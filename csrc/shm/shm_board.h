@@ -1,7 +1,8 @@
 // A rank's publication board in POSIX shared memory (Transport's publications, transport.h):
 // per phase (0, 1) and round parity one area of publishBytes behind a header that holds the
-// publication's Envelope, and per phase a count of the rounds published, which is the futex word
-// readers wait on. The owner writes; every rank maps the board and reads the areas in place.
+// publication's round and Envelope, and per phase a count of the rounds published, the futex
+// word sleeping readers wait on. The owner writes; every rank maps the board and reads the areas
+// in place.
 #pragma once
 
 #include <sys/types.h>
@@ -27,9 +28,13 @@ struct alignas(64) BoardControl {
   char abortReason[512];
 };
 
+// One cache line: readers poll the round, so a wait ends with the envelope already here (a
+// small publication then costs its reader two line transfers, this one and the data's).
 struct alignas(64) PublicationHeader {
+  std::atomic<uint32_t> round;  // of the publication this area holds
   Envelope envelope;
 };
+static_assert(sizeof(PublicationHeader) == 64, "a publication's header is one cache line");
 
 class ShmBoard {
  public:

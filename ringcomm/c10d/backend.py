@@ -33,7 +33,7 @@ from .tensors import Contiguous, concatenated, unflatten_into
 from .work import CudaWork, FutureWork, completed, finish
 
 NAME = "ringcomm"
-_ALL_REDUCE, _BROADCAST = _C.Collective.all_reduce, _C.Collective.broadcast
+_BROADCAST = _C.Collective.broadcast
 _SUM = _C.RedOp.sum
 
 
@@ -65,7 +65,6 @@ class RingcommBackend(c10d.Backend if BACKEND_PER_DEVICE else dist.ProcessGroup)
     def _adopt(self, communicator, rank, world_size):
         """Runs from here on on `communicator`, as `rank` of `world_size`."""
         self.communicator = communicator
-        self._all_reduce_algorithm = communicator.default_algorithm("all_reduce")
         self._rank, self._world_size = rank, world_size
         self._p2p = TorchPointToPoint(communicator)
 
@@ -153,13 +152,13 @@ class RingcommBackend(c10d.Backend if BACKEND_PER_DEVICE else dist.ProcessGroup)
         return self._collective(opts, tensors, lambda: self._all_reduce_each(tensors, op))
 
     def _all_reduce_each(self, tensors, op):
-        comm, algorithm = self.communicator, self._all_reduce_algorithm
+        comm = self.communicator
         for t in tensors:
             if t.is_contiguous():
-                comm.run_in_place(_ALL_REDUCE, t, op, 0, algorithm)
+                comm.all_reduce(t, op)  # the ring's entry takes a plain tensor without Python
             else:
                 with Contiguous(t) as c:
-                    comm.run_in_place(_ALL_REDUCE, c, op, 0, algorithm)
+                    comm.all_reduce(c, op)
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
