@@ -115,14 +115,15 @@ class Router:
         contiguous CPU torch.Tensor that asks nothing more (as :meth:`run_in_place`'s fast branch would: under this router's lock,
         while the ring is open and no queued call is ahead, unless a trace or profiler watches)
         and hands any other call to ``fallback``; `algorithm`: what a call without one runs.
-        None while no CPU ring is open, or when every call is checked."""
-        with self._lock:
-            if self._cpu is None or self._checked:
-                return None
-            return self._cpu.all_reduce_entry(
-                algorithm, fallback, self._lock, self._queue, on_worker, (self, "_cpu"),
-                ((log, "tracing"), (_torch_profiler, "_is_profiler_enabled")), torch.Tensor,
-                TORCH_C_DTYPES)
+        None while no CPU ring is open, or when every call is checked. Takes no lock: an
+        asynchronous call's worker may hold it for as long as its collective waits."""
+        comm = self._cpu
+        if comm is None or self._checked:
+            return None
+        return comm.all_reduce_entry(
+            algorithm, fallback, self._lock, self._queue, on_worker, (self, "_cpu"),
+            ((log, "tracing"), (_torch_profiler, "_is_profiler_enabled")), torch.Tensor,
+            TORCH_C_DTYPES)
 
     def try_run_now(self, request):
         """What ``Communicator.try_run_now`` runs: a :class:`ringcomm.request.CollectiveRequest` on
