@@ -60,6 +60,19 @@ def test_every_collective_is_exact_across_hosts(count, per_host):
                 assert sent[rank] == sent[across ^ 1] == 0, (name, sent)
 
 
+@pytest.mark.parametrize("count,per_host", [(2, 1), (3, 1), (4, 1), (8, 1), (2, 2), (3, 2)])
+def test_recursive_doubling_between_hosts_is_exact(count, per_host):
+    """recursive_doubling (between hosts: of every rank at one rank per host, of the hosts'
+    leaders per local index in two levels), power-of-two host counts and not."""
+    with EmulatedHosts(count) as hosts:
+        by_rank = results(hosts.torchrun([JOB, "doubling"], per_host, env=ENV, timeout=900))
+        leftovers = [hosts.shm_files(h) for h in range(count)]
+    assert sorted(by_rank) == list(range(count * per_host))
+    for r in by_rank.values():
+        assert r["cases"] > 100 and not r["failures"], r["failures"][:10]
+    assert leftovers == [[]] * count
+
+
 def test_ddp_trains_on_the_ringcomm_backend_across_hosts():
     with EmulatedHosts(2) as hosts:
         by_rank = results(hosts.torchrun([JOB, "ddp"], 2, env=ENV, timeout=300))
@@ -68,13 +81,15 @@ def test_ddp_trains_on_the_ringcomm_backend_across_hosts():
         assert r["relative_difference"] < 1e-6, r
 
 
-def failure_run(cause):
+def failure_run(cause, algorithm_env=None):
     """A 2 x 2 job all-reducing in a loop; `cause(hosts)` strikes host 1 once every rank is
-    running. Returns the survivors' results, when the strike happened and the leftovers."""
+    running. Returns the survivors' results, when the strike happened and the leftovers.
+    `algorithm_env`: MULTIHOST_ALGORITHM and MULTIHOST_COUNT for the loop's all_reduce."""
     timeout = 6
     with EmulatedHosts(2) as hosts:
         ready = f"/tmp/ringcomm-multihost-ready-{os.getpid()}"
-        env = dict(ENV, MULTIHOST_TIMEOUT=str(timeout), MULTIHOST_READY=ready)
+        env = dict(ENV, MULTIHOST_TIMEOUT=str(timeout), MULTIHOST_READY=ready,
+                   **(algorithm_env or {}))
         struck = {}
 
         def strike():
@@ -105,10 +120,13 @@ def failure_run(cause):
             emulated_hosts.format_outputs(outputs))
 
 
+@pytest.mark.parametrize("algorithm_env", [
+    None, {"MULTIHOST_ALGORITHM": "recursive_doubling", "MULTIHOST_COUNT": "1000"}],
+    ids=["ring", "recursive_doubling"])
 @pytest.mark.parametrize("cause", ["kill_host", "link_down"])
-def test_a_lost_host_is_named_by_the_survivors_within_the_timeout(cause):
+def test_a_lost_host_is_named_by_the_survivors_within_the_timeout(cause, algorithm_env):
     found, exited, struck, timeout, leftovers, shown = failure_run(
-        lambda hosts: getattr(hosts, cause)(1))
+        lambda hosts: getattr(hosts, cause)(1), algorithm_env)
     assert sorted(r["rank"] for r in found) == [0, 1], shown
     assert exited == 2, shown  # both closed their communicator and left main()
     for r in found:

@@ -4,7 +4,8 @@
 // an all-gather inside each host. Each host sends 2(H-1)/H of the data between hosts, where a flat
 // ring pushes 2(N-1)/N of it through every link that crosses hosts. Large tensors go in pieces,
 // pipelined: the network carries one piece while shared memory reduces the next and gathers the
-// one before (each level's calls keep one order on every rank).
+// one before (each level's calls keep one order on every rank). The level between hosts runs the
+// request's algorithm: the ring, recursive_doubling, or auto's pick between them by size.
 #include <algorithm>
 
 #include "core/lane.h"
@@ -58,9 +59,18 @@ bool Communicator::runsInTwoLevels(const CollectiveRequest& r) const {
     default:
       return false;
   }
+  // An algorithm between hosts runs in the level between hosts (acrossHosts).
+  if (r.algorithm == Algorithm::RecursiveDoubling && r.collective == Collective::AllReduce)
+    return true;
   const size_t blocks = r.collective == Collective::AllReduce ? 1 : worldSize_;
   return resolveAlgorithm(r.algorithm, r.collective, r.count * blocks * dataTypeSize(r.type)) ==
          Algorithm::Ring;
+}
+
+Algorithm Communicator::flatAlgorithm(Algorithm requested) const {
+  // This communicator's own ring links neighbours only: what the levels do not run (fewer
+  // elements than a host has ranks) takes the ring there.
+  return local_.comm && requested == Algorithm::RecursiveDoubling ? Algorithm::Ring : requested;
 }
 
 void Communicator::runInLevel(const Level& level, const CollectiveRequest& part) {
@@ -81,6 +91,7 @@ void Communicator::allReduceInTwoLevels(const CollectiveRequest& r) {
   char* tensor = static_cast<char*>(r.output);
   if (head < r.count) {  // what does not split evenly (fewer than L elements): the flat ring
     CollectiveRequest rest = r;
+    rest.algorithm = flatAlgorithm(r.algorithm);
     rest.output = tensor + head * elementBytes;
     rest.input = nullptr;
     rest.count = r.count - head;
@@ -109,8 +120,7 @@ void Communicator::allReduceInTwoLevels(const CollectiveRequest& r) {
     runInLevel(local_, part);
   };
   auto acrossHosts = [&](const Piece& p) {
-    CollectiveRequest part = r;
-    part.algorithm = Algorithm::Auto;
+    CollectiveRequest part = r;  // ring, auto or recursive_doubling: the request's, between hosts
     part.collective = Collective::AllReduce, part.output = p.mine, part.input = nullptr;
     part.count = p.shard;
     part.avgDivisor = r.op == RedOp::Avg ? worldSize_ : 0;

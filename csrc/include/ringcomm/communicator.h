@@ -43,7 +43,7 @@ struct CollectiveRequest {
   DataType type = DataType::Float32;
   RedOp op = RedOp::Sum;  // collectives that reduce
   int root = 0;           // rooted collectives: src (broadcast, scatter) or dst (reduce, gather)
-  // Ring, OneShot, TwoShot (kAlgorithms says which collectives each plans) or Auto
+  // Ring, OneShot, TwoShot, RecursiveDoubling (kAlgorithms says which collectives each plans) or Auto
   // (chooseAlgorithm with the options' thresholds). Every rank must pass the same.
   Algorithm algorithm = Algorithm::Ring;
   // What travels between ranks, where kCollectives allows a wire (all_reduce): float16 or
@@ -161,6 +161,9 @@ class Communicator {
     const char* where;  // "inside this host", for errors
   };
   bool runsInTwoLevels(const CollectiveRequest& request) const;
+  // The algorithm a request runs with on this communicator's own ring when it has levels: an
+  // algorithm between hosts (recursive_doubling) takes the ring there.
+  Algorithm flatAlgorithm(Algorithm requested) const;
   void allReduceInTwoLevels(const CollectiveRequest& request);
   void reduceScatterInTwoLevels(const CollectiveRequest& request);
   void allGatherInTwoLevels(const CollectiveRequest& request);
