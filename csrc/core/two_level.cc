@@ -7,6 +7,7 @@
 // one before (each level's calls keep one order on every rank). The level between hosts runs the
 // request's algorithm: the ring, recursive_doubling, or auto's pick between them by size.
 #include <algorithm>
+#include <optional>
 
 #include "core/lane.h"
 #include "ringcomm/communicator.h"
@@ -24,37 +25,54 @@ constexpr size_t kPieceBytes = 4u << 20;
 void Communicator::setLevels(std::shared_ptr<Communicator> local,
                              std::shared_ptr<Communicator> cross,
                              std::vector<std::vector<int>> hostRanks) {
-  RC_CHECK(local && cross, "two levels need a communicator for each");
-  const size_t hosts = hostRanks.size(), perHost = local->worldSize();
-  RC_CHECK(hosts == static_cast<size_t>(cross->worldSize()) &&
-               hosts * perHost == static_cast<size_t>(worldSize_),
-           "levels of ", perHost, " ranks per host and ", cross->worldSize(),
-           " hosts do not make ", worldSize_, " ranks");
+  RC_CHECK(local, "two levels need a communicator inside the host");
+  const size_t hosts = hostRanks.size();
+  size_t ranks = 0;
+  bool even = true;
+  int host = -1, index = -1;
   std::vector<int> seen(worldSize_, 0);
-  for (const std::vector<int>& ranks : hostRanks) {
-    RC_CHECK(ranks.size() == perHost, "every host needs ", perHost, " ranks, one has ",
-             ranks.size());
-    for (int r : ranks)
+  for (size_t h = 0; h < hosts; ++h) {
+    RC_CHECK(!hostRanks[h].empty(), "host ", h, " has no ranks");
+    ranks += hostRanks[h].size();
+    even = even && hostRanks[h].size() == hostRanks[0].size();
+    for (size_t i = 0; i < hostRanks[h].size(); ++i) {
+      const int r = hostRanks[h][i];
       RC_CHECK(r >= 0 && r < worldSize_ && seen[r]++ == 0, "rank ", r,
                " is not a rank, or is on two hosts");
+      if (r == rank_) host = static_cast<int>(h), index = static_cast<int>(i);
+    }
   }
-  const int host = cross->rank(), index = local->rank();
-  RC_CHECK(hostRanks[host][index] == rank_, "the levels do not put this rank where it is");
+  RC_CHECK(ranks == static_cast<size_t>(worldSize_), "hosts of ", ranks, " ranks in all do not make ",
+           worldSize_, " ranks");
+  RC_CHECK(host >= 0 && local->rank() == index &&
+               local->worldSize() == static_cast<int>(hostRanks[host].size()),
+           "the levels do not put this rank where it is");
+  // Even hosts: a level between hosts per local index. Uneven ones: one, of each host's first
+  // rank (its leader), which the others do not join.
+  const bool joins = even || index == 0;
+  RC_CHECK(joins == (cross != nullptr), joins ? "this rank needs" : "only a host's first rank joins",
+           " a communicator between hosts");
+  RC_CHECK(!cross || (cross->worldSize() == static_cast<int>(hosts) && cross->rank() == host),
+           "the level between hosts has ", cross ? cross->worldSize() : 0, " ranks, not the ",
+           hosts, " hosts");
   local_.comm = std::move(local), local_.ranks = hostRanks[host];
   cross_.comm = std::move(cross), cross_.ranks.clear();
-  for (const std::vector<int>& ranks : hostRanks) cross_.ranks.push_back(ranks[index]);
+  for (const std::vector<int>& members : hostRanks) cross_.ranks.push_back(members[even ? index : 0]);
   hostRanks_ = std::move(hostRanks);
+  unevenHosts_ = !even;
 }
 
 bool Communicator::runsInTwoLevels(const CollectiveRequest& r) const {
   if (!local_.comm || r.count == 0) return false;
   switch (r.collective) {
     case Collective::AllReduce:
-      // Fewer elements than a host has ranks leave a rank no shard: the flat ring runs them.
-      if (r.count < static_cast<size_t>(local_.comm->worldSize())) return false;
+      // Fewer elements than a host has ranks leave a rank no shard: the flat ring runs them
+      // (uneven hosts shard nothing: their leaders carry whole pieces).
+      if (!unevenHosts_ && r.count < static_cast<size_t>(local_.comm->worldSize())) return false;
       break;
     case Collective::ReduceScatter:
     case Collective::AllGather:
+      if (unevenHosts_) return false;  // uneven hosts: all_reduce only, these on the flat ring
       break;
     default:
       return false;
@@ -85,6 +103,7 @@ void Communicator::runInLevel(const Level& level, const CollectiveRequest& part)
 }
 
 void Communicator::allReduceInTwoLevels(const CollectiveRequest& r) {
+  if (unevenHosts_) return allReduceThroughLeaders(r);
   const size_t hostRanks = local_.comm->worldSize();
   const size_t head = r.count / hostRanks * hostRanks;
   const size_t elementBytes = dataTypeSize(r.type);
@@ -150,6 +169,60 @@ void Communicator::allReduceInTwoLevels(const CollectiveRequest& r) {
     }
     lane.waitFor(pieces.size() - 1);
     allGather(pieces.back());
+  });
+}
+
+// Hosts of unequal rank counts: a reduce to the host's first rank (its leader) over shared
+// memory, an all_reduce between the leaders, a broadcast from the leader. Each host sends
+// 2(H-1)/H of the data between hosts, as in even levels, all through its leader. Pipelined in
+// pieces as above: the leader's lane carries piece k between hosts while its host reduces piece
+// k+1 and broadcasts piece k-1 (every rank of a host makes its calls in that one order).
+void Communicator::allReduceThroughLeaders(const CollectiveRequest& r) {
+  const size_t elementBytes = dataTypeSize(r.type);
+  const size_t perPiece = std::max<size_t>(1, kPieceBytes / elementBytes);
+  char* tensor = static_cast<char*>(r.output);
+  struct Piece {
+    char* base;
+    size_t count;
+  };
+  std::vector<Piece> pieces;
+  for (size_t first = 0; first < r.count; first += perPiece)
+    pieces.push_back({tensor + first * elementBytes, std::min(perPiece, r.count - first)});
+  auto inHost = [&](const Piece& p, Collective collective) {
+    CollectiveRequest part = r;
+    part.algorithm = Algorithm::Auto;
+    part.collective = collective, part.output = p.base, part.input = nullptr, part.count = p.count;
+    part.root = 0, part.wireType.reset();  // the leader's data stays exact until the network
+    part.op = collective == Collective::Broadcast ? RedOp::Sum
+              : r.op == RedOp::Avg               ? RedOp::Sum  // AVG divides once, by N
+                                                 : r.op;
+    runInLevel(local_, part);
+  };
+  auto acrossHosts = [&](size_t k) {
+    CollectiveRequest part = r;  // ring, auto or recursive_doubling: the request's
+    part.output = pieces[k].base, part.input = nullptr, part.count = pieces[k].count;
+    part.avgDivisor = r.op == RedOp::Avg ? worldSize_ : 0;
+    runInLevel(cross_, part);
+  };
+  const bool leader = cross_.comm != nullptr;
+  const CallName call = describe(r, sequence_++, "two_level");
+  collective(r.stream, call, [&] {
+    if (leader && pieces.size() == 1) {
+      inHost(pieces[0], Collective::Reduce), acrossHosts(0), inHost(pieces[0], Collective::Broadcast);
+      return;
+    }
+    std::optional<Lane> lane;  // the leader's: the network, one piece behind
+    if (leader)
+      lane.emplace(acrossHosts, [&] { cross_.comm->abort("the all_reduce failed inside its host"); });
+    for (size_t k = 0; k < pieces.size(); ++k) {
+      inHost(pieces[k], Collective::Reduce);
+      if (lane) lane->post(k);
+      if (k == 0) continue;
+      if (lane) lane->waitFor(k - 1);
+      inHost(pieces[k - 1], Collective::Broadcast);
+    }
+    if (lane) lane->waitFor(pieces.size() - 1);
+    inHost(pieces.back(), Collective::Broadcast);
   });
 }
 

@@ -47,11 +47,11 @@ struct AlgorithmInfo {
 // recursive_doubling (all_reduce, over a transport that reaches every peer: between hosts): the
 // whole tensor exchanged with rank r xor 2^k for k = 0..log2(P)-1, P the largest power of two
 // up to N; the N-P ranks above P first hand theirs to rank r-P and get the result back last.
-// ceil(log2 N) (+2) latencies against the ring's 2(N-1), each moving the whole tensor. Its
-// threshold is the alpha-beta model's crossover against the ring on the emulated hosts
-// (docs/benchmarks.md, "Between hosts: by size"), taken at 3 hosts, where recursive doubling
-// pays most (two extra rounds of the whole tensor), so that it is never the slower one there
-// nor at any other host count.
+// log2(P) (+2) latencies against the ring's 2(N-1), each moving the whole tensor. Its
+// threshold: the alpha-beta model's crossover against the ring, each fitted on emulated hosts
+// (docs/benchmarks.md, "Between hosts: by size"), at 3 hosts, where recursive doubling gains
+// least (two extra rounds of the whole tensor; ~31 KB there, far more at 8), rounded down to a
+// power of two, so that auto never picks the slower of the two at any host count.
 inline constexpr size_t kRecursiveDoublingMaxBytes = 16 * 1024;
 inline constexpr uint32_t kOneHopCollectives = collectiveBit(Collective::AllReduce) |
                                               collectiveBit(Collective::ReduceScatter) |

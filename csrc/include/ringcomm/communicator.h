@@ -123,7 +123,9 @@ class Communicator {
   // all_reduce, reduce_scatter and all_gather run in two levels over them
   // (csrc/core/two_level.cc) while every other call runs on this communicator's own ring.
   // hostRanks[h][i]: the rank of host h's i-th rank in this communicator (local is host h's,
-  // in that order; cross has host h's member as its rank h). Every host has as many ranks.
+  // in that order; cross has host h's member as its rank h). Hosts of unequal rank counts:
+  // `cross` joins each host's first rank (its leader) and is null on the others, and only
+  // all_reduce runs in two levels (reduce to the leader, between leaders, broadcast).
   // A host path: buffers are host memory.
   void setLevels(std::shared_ptr<Communicator> local, std::shared_ptr<Communicator> cross,
                  std::vector<std::vector<int>> hostRanks);
@@ -165,6 +167,7 @@ class Communicator {
   // algorithm between hosts (recursive_doubling) takes the ring there.
   Algorithm flatAlgorithm(Algorithm requested) const;
   void allReduceInTwoLevels(const CollectiveRequest& request);
+  void allReduceThroughLeaders(const CollectiveRequest& request);  // uneven hosts
   void reduceScatterInTwoLevels(const CollectiveRequest& request);
   void allGatherInTwoLevels(const CollectiveRequest& request);
   // Copies blocks of `blockBytes` between rank order (block r is rank r's) and group order
@@ -220,6 +223,7 @@ class Communicator {
   std::shared_ptr<Transport> links_;
   Level local_{nullptr, {}, "inside this host"}, cross_{nullptr, {}, "between hosts"};
   std::vector<std::vector<int>> hostRanks_;
+  bool unevenHosts_ = false;  // hosts of unequal rank counts: one level between their leaders
   // Shared with a device transport, which marks calls done from its own thread.
   std::shared_ptr<FlightRecorder> recorder_ = std::make_shared<FlightRecorder>();
   FlightRecorder::Entry* current_ = nullptr;  // the running call's entry (the data thread's)
