@@ -4,7 +4,8 @@
 // an all-gather inside each host. Each host sends 2(H-1)/H of the data between hosts, where a flat
 // ring pushes 2(N-1)/N of it through every link that crosses hosts. Large tensors go in pieces,
 // pipelined: the network carries one piece while shared memory reduces the next and gathers the
-// one before (each level's calls keep one order on every rank). The level between hosts runs the
+// one before (each level's calls keep one order on every rank); reduce_scatter and all_gather
+// likewise, in pieces of every block. The level between hosts runs the
 // request's algorithm: the ring, recursive_doubling, or auto's pick between them by size.
 #include <algorithm>
 #include <optional>
@@ -226,57 +227,104 @@ void Communicator::allReduceThroughLeaders(const CollectiveRequest& r) {
   });
 }
 
-void Communicator::reorderBlocks(char* to, const char* from, size_t blockBytes, bool toGroups) {
+void Communicator::reorderPiece(char* groups, char* ranks, size_t blockBytes, size_t offset,
+                                size_t bytes, bool toGroups) {
   const size_t hosts = hostRanks_.size();
   for (size_t h = 0; h < hosts; ++h)
     for (size_t i = 0; i < hostRanks_[h].size(); ++i) {
-      const size_t rankOrder = hostRanks_[h][i] * blockBytes, groupOrder = (i * hosts + h) * blockBytes;
-      if (toGroups) reducer_->copy(to + groupOrder, nullptr, from + rankOrder, blockBytes);
-      else reducer_->copy(to + rankOrder, nullptr, from + groupOrder, blockBytes);
+      char* inRanks = ranks + hostRanks_[h][i] * blockBytes + offset;
+      char* inGroups = groups + (i * hosts + h) * bytes;
+      if (toGroups) reducer_->copy(inGroups, nullptr, inRanks, bytes);
+      else reducer_->copy(inRanks, nullptr, inGroups, bytes);
     }
 }
 
-Communicator::GroupedBlocks Communicator::groupedBlocks(const CollectiveRequest& r) {
-  GroupedBlocks g;
-  g.hosts = hostRanks_.size(), g.block = r.count * dataTypeSize(r.type);
-  if (scratch_.size() < worldSize_ * g.block) scratch_.resize(worldSize_ * g.block);
-  g.groups = scratch_.data();
-  g.mine = g.groups + local_.comm->rank() * g.hosts * g.block;
-  return g;
+std::vector<Communicator::BlockPiece> Communicator::blockPieces(const CollectiveRequest& r) {
+  const size_t elementBytes = dataTypeSize(r.type), hosts = hostRanks_.size();
+  if (scratch_.size() < worldSize_ * r.count * elementBytes)
+    scratch_.resize(worldSize_ * r.count * elementBytes);
+  // Every rank's blocks' pieces together make about kPieceBytes.
+  const size_t perPiece = std::max<size_t>(1, kPieceBytes / (elementBytes * worldSize_));
+  std::vector<BlockPiece> pieces;
+  for (size_t first = 0; first < r.count; first += perPiece) {
+    const size_t count = std::min(perPiece, r.count - first);
+    char* groups = scratch_.data() + first * worldSize_ * elementBytes;  // earlier pieces are whole
+    pieces.push_back({first, count, groups, groups + local_.comm->rank() * hosts * count * elementBytes});
+  }
+  return pieces;
 }
 
-// reduce_scatter: the blocks in group order (each local index's H blocks together), reduced
-// inside the host (this rank keeps its local index's group), then between hosts (it keeps its
-// own block). Each host sends (H-1)/H of the data between hosts.
+// reduce_scatter, piece by piece (elements [first, first + count) of every block): the pieces
+// in group order (each local index's H pieces together), reduced inside the host (this rank
+// keeps its local index's group), then between hosts (it keeps its own block's piece). Each
+// host sends (H-1)/H of the data between hosts; the lane carries piece k between hosts while
+// the host reduces piece k+1.
 void Communicator::reduceScatterInTwoLevels(const CollectiveRequest& r) {
-  const GroupedBlocks g = groupedBlocks(r);
-  const CallName call = describe(r, sequence_++, "two_level");
-  collective(r.stream, call, [&] {
-    reorderBlocks(g.groups, static_cast<const char*>(r.input), g.block, true);
+  const size_t elementBytes = dataTypeSize(r.type), hosts = hostRanks_.size();
+  const std::vector<BlockPiece> pieces = blockPieces(r);
+  char* input = static_cast<char*>(const_cast<void*>(r.input));
+  auto inHost = [&](const BlockPiece& p) {
+    reorderPiece(p.groups, input, r.count * elementBytes, p.first * elementBytes,
+                 p.count * elementBytes, true);
     CollectiveRequest part = r;
     part.algorithm = Algorithm::Auto;
-    part.output = g.mine, part.input = g.groups, part.count = g.hosts * r.count;
+    part.output = p.mine, part.input = p.groups, part.count = hosts * p.count;
     part.op = r.op == RedOp::Avg ? RedOp::Sum : r.op;  // AVG divides once, by N
     runInLevel(local_, part);
-    part.output = r.output, part.input = g.mine, part.count = r.count, part.op = r.op;
+  };
+  auto acrossHosts = [&](size_t k) {
+    CollectiveRequest part = r;
+    part.algorithm = Algorithm::Auto;
+    part.output = static_cast<char*>(r.output) + pieces[k].first * elementBytes;
+    part.input = pieces[k].mine, part.count = pieces[k].count;
     part.avgDivisor = r.op == RedOp::Avg ? worldSize_ : 0;
     runInLevel(cross_, part);
+  };
+  const CallName call = describe(r, sequence_++, "two_level");
+  collective(r.stream, call, [&] {
+    if (pieces.size() == 1) {
+      inHost(pieces[0]), acrossHosts(0);
+      return;
+    }
+    Lane lane(acrossHosts,
+              [&] { cross_.comm->abort("the two-level reduce_scatter failed inside its host"); });
+    for (size_t k = 0; k < pieces.size(); ++k) inHost(pieces[k]), lane.post(k);
+    lane.waitFor(pieces.size() - 1);
   });
 }
 
-// all_gather: between hosts first (this rank's local index's group), then inside the host (every
-// group), then from group order into rank order.
+// all_gather, piece by piece: between hosts first (this rank's local index's group), then
+// inside the host (every group), then from group order into rank order; the lane runs ahead
+// between hosts while the host gathers the pieces that arrived. In place, piece k of the input
+// is read before rank order's piece k is written, and no piece reads another's.
 void Communicator::allGatherInTwoLevels(const CollectiveRequest& r) {
-  const GroupedBlocks g = groupedBlocks(r);
-  const CallName call = describe(r, sequence_++, "two_level");
-  collective(r.stream, call, [&] {
+  const size_t elementBytes = dataTypeSize(r.type), hosts = hostRanks_.size();
+  const std::vector<BlockPiece> pieces = blockPieces(r);
+  auto acrossHosts = [&](size_t k) {
     CollectiveRequest part = r;
     part.algorithm = Algorithm::Auto;
-    part.output = g.mine;  // the input is this rank's block (in place too: read before written)
+    part.input = static_cast<const char*>(r.input) + pieces[k].first * elementBytes;
+    part.output = pieces[k].mine, part.count = pieces[k].count;
     runInLevel(cross_, part);
-    part.output = g.groups, part.input = g.mine, part.count = g.hosts * r.count;
+  };
+  auto inHost = [&](const BlockPiece& p) {
+    CollectiveRequest part = r;
+    part.algorithm = Algorithm::Auto;
+    part.output = p.groups, part.input = p.mine, part.count = hosts * p.count;
     runInLevel(local_, part);
-    reorderBlocks(static_cast<char*>(r.output), g.groups, g.block, false);
+    reorderPiece(p.groups, static_cast<char*>(r.output), r.count * elementBytes,
+                 p.first * elementBytes, p.count * elementBytes, false);
+  };
+  const CallName call = describe(r, sequence_++, "two_level");
+  collective(r.stream, call, [&] {
+    if (pieces.size() == 1) {
+      acrossHosts(0), inHost(pieces[0]);
+      return;
+    }
+    Lane lane(acrossHosts,
+              [&] { cross_.comm->abort("the two-level all_gather failed inside its host"); });
+    lane.post(pieces.size() - 1);  // every piece: the network runs ahead
+    for (size_t k = 0; k < pieces.size(); ++k) lane.waitFor(k), inHost(pieces[k]);
   });
 }
 

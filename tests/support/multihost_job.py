@@ -1,7 +1,8 @@
 """One rank of the multi-host tests (tests/test_multihost.py), started by torchrun on each
 emulated host. Prints one line "RESULT <json>" at the end.
 
-    sweep      every collective x dtype x op x awkward count against exact references, numpy,
+    sweep      every collective x dtype x op x awkward count against exact references (and blocks
+               big enough for several pieces), numpy,
                point-to-point round the world and an all_to_all, what the communicator saw of
                its hosts, and the bytes each rank sent to every other rank
     ddp        a few DDP steps on the "ringcomm" torch backend, against a single-process replay
@@ -36,6 +37,11 @@ def sweep(comm):
         for dtype, op in cases:
             checker.reductions(count, dtype, op)
         checker.copies(count, torch.int32 if count < 10_000 else torch.float32)
+    # Blocks of 3 MiB in all (and 5 elements more): two-level reduce_scatter and all_gather in
+    # several pieces, the last of 5 elements per block.
+    big = (3 << 20) // n + 5
+    checker.reductions(big, torch.float32, "avg")
+    checker.copies(big, torch.int32)
     checker.numpy_arrays()
     # Point-to-point round the world: each rank sends to the next and receives from the one
     # before (across hosts for some pairs, inside a host for others).

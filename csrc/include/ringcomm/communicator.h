@@ -170,16 +170,19 @@ class Communicator {
   void allReduceThroughLeaders(const CollectiveRequest& request);  // uneven hosts
   void reduceScatterInTwoLevels(const CollectiveRequest& request);
   void allGatherInTwoLevels(const CollectiveRequest& request);
-  // Copies blocks of `blockBytes` between rank order (block r is rank r's) and group order
-  // (host h's i-th rank's block at i * H + h: the blocks of each local index together).
-  void reorderBlocks(char* to, const char* from, size_t blockBytes, bool toGroups);
-  // The scratch for a request's blocks in group order, and this rank's group in it.
-  struct GroupedBlocks {
-    size_t hosts = 0, block = 0;  // block: bytes of one rank's block
+  // Copies piece [offset, offset + bytes) of every rank's block of `blockBytes` between rank
+  // order in `ranks` and group order in `groups` (host h's i-th rank's piece at (i * H + h) *
+  // bytes: the pieces of each local index together).
+  void reorderPiece(char* groups, char* ranks, size_t blockBytes, size_t offset, size_t bytes,
+                    bool toGroups);
+  // A two-level reduce_scatter or all_gather in pieces: elements [first, first + count) of
+  // every block, their group order in the scratch (`groups`), this rank's group in it (`mine`).
+  struct BlockPiece {
+    size_t first = 0, count = 0;
     char* groups = nullptr;
     char* mine = nullptr;
   };
-  GroupedBlocks groupedBlocks(const CollectiveRequest& request);
+  std::vector<BlockPiece> blockPieces(const CollectiveRequest& request);
   // Runs `part` on `level`, naming the level and its ranks in any error.
   void runInLevel(const Level& level, const CollectiveRequest& part);
   // begin(stream, call), body, end(); on failure records it and aborts the transport.
