@@ -147,7 +147,8 @@ def best(n, size, machine):
 
 
 # Measured algorithm names (ringcomm.options.ALGORITHMS) -> the model's formula for them.
-FORMULAS = {"ring": ring, "one_shot": one_shot, "two_shot": two_shot}
+FORMULAS = {"ring": ring, "one_shot": one_shot, "two_shot": two_shot,
+            "recursive_doubling": recursive_doubling}
 
 
 def load_records(path):

@@ -7,8 +7,8 @@ bandwidth targets.
     python bench/tune.py --nproc 2 --load 2           # the same beside 2 busy-looping processes
     python bench/tune.py -b 8 -e 1M -f 4 --rounds 9   # any bench/run.py option
 
-A bench/run.py run with these defaults: every name in ringcomm.options.ALGORITHMS (--algorithm
-all), for all_reduce and for each collective whose Communicator call takes algorithm= (detected),
+A bench/run.py run with these defaults: every name in ringcomm.options.IN_HOST_ALGORITHMS
+(--algorithm), for all_reduce and for each collective whose Communicator call takes algorithm= (detected),
 -f 2, -n 20 -w 3, 6 rounds per size with the implementations alternating within each (each
 following every other in turn; the reported time is the median round's, the spread the rounds'
 interquartile range). Then, on rank 0:
@@ -40,10 +40,11 @@ from collectives import COLLECTIVES
 from records import spread
 from tune_report import environment, publish
 
-from ringcomm.options import COLLECTIVES_WITH_ALGORITHM  # noqa: E402 (after run, as above)
+from ringcomm.options import COLLECTIVES_WITH_ALGORITHM, IN_HOST_ALGORITHMS  # noqa: E402
 
+# Inside one host: the algorithms that run on shared memory (not those between hosts).
 DEFAULTS = ["-b", "8", "-e", "64M", "-f", "2", "-n", "20", "-w", "3", "--rounds", "6",
-            "--algorithm", "all"]
+            "--algorithm", ",".join(IN_HOST_ALGORITHMS)]
 
 
 def report(records, world, args):

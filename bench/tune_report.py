@@ -9,7 +9,7 @@ import sys
 import ringcomm
 from machine_load import cpu_times, machine_load
 from plots import save_figure, size_axis
-from ringcomm.options import ALGORITHMS
+from ringcomm.options import IN_HOST_ALGORITHMS
 from sizes import format_size
 from tune_analysis import (BASELINE, LARGE_VS_GLOO, REFERENCE, SELECTOR, TARGETS, analyse,
                            short, threshold_setting, variant)
@@ -108,7 +108,7 @@ def environment(args, world):
     load = machine_load(getattr(args, "cpu_before", {}), cpu_times())
     return {"nranks": world, "cores": os.cpu_count(), "loadavg_before": list(args.loadavg),
             "busy_processes": args.load, "rounds": args.rounds, "iters": args.iters,
-            "warmup": args.warmup_iters, "algorithms": list(ALGORITHMS),
+            "warmup": args.warmup_iters, "algorithms": list(IN_HOST_ALGORITHMS),
             "ringcomm": ringcomm.__file__, "ringcomm_commit": _commit(ringcomm.__file__),
             "command": sys.argv, **load}
 

@@ -101,7 +101,7 @@ class Communicator:
 
         ``wire_dtype`` (torch.bfloat16 or torch.float16, for float32 tensors) sends 16-bit
         messages while each hop still adds in float32 and the result stays float32.
-        ``algorithm`` ("ring", "one_shot", "two_shot" or "auto"; default
+        ``algorithm`` ("ring", "one_shot", "two_shot", "recursive_doubling" or "auto"; default
         ``comm.options.algorithm``) must be the same on every rank; see :mod:`ringcomm.options`.
         ``async_op=True`` returns a :class:`ringcomm.work.Work` (every collective takes it).
         ``replay_tag`` (an int >= 0, the same on every rank) promises that calls with this tag

@@ -18,7 +18,8 @@ from .world.rendezvous import timeout_seconds
 
 # Algorithm names, from the C++ table (kAlgorithms in csrc/include/ringcomm/algorithms.h): "ring";
 # "one_shot" (all_reduce, reduce_scatter, all_gather) and "two_shot" (all_reduce) read every
-# rank's publication in one hop (CPU shared memory); "auto" picks by size (the *_max_bytes
+# rank's publication in one hop (CPU shared memory); "recursive_doubling" (all_reduce, between
+# hosts) pairs ranks in log2 N rounds; "auto" picks by size (the *_max_bytes
 # thresholds), the same on every rank. ALGORITHM_COLLECTIVES: the collectives each one runs.
 ALGORITHMS = tuple(_C.Algorithm.__members__)
 ALGORITHM_COLLECTIVES = {name: tuple(collectives)
@@ -28,6 +29,11 @@ ALGORITHM_COLLECTIVES = {name: tuple(collectives)
 COLLECTIVES_WITH_ALGORITHM = tuple(
     name for name in _C.COLLECTIVES
     if any(name in ALGORITHM_COLLECTIVES[a] for a in ALGORITHMS if a not in ("ring", "auto")))
+# Algorithms between hosts: they send to any rank, so they need a transport that reaches every
+# rank (TCP); inside a host (shared memory) the others run. recursive_doubling: log-depth
+# all_reduce (csrc/core/recursive_doubling_plans.cc).
+BETWEEN_HOSTS = ("recursive_doubling",)
+IN_HOST_ALGORITHMS = tuple(a for a in ALGORITHMS if a not in BETWEEN_HOSTS)
 # auto's thresholds, {field: default}, from the same table: "<algorithm>_max_bytes" for every
 # algorithm auto picks by size, set by RINGCOMM_<ALGORITHM>_MAX_BYTES.
 THRESHOLDS = dict(_C.DEFAULT_THRESHOLDS)

@@ -10,13 +10,15 @@ import torch
 
 import ringcomm
 from launcher import launch
-from ringcomm.options import ALGORITHM_COLLECTIVES, ALGORITHMS, DEFAULTS
+from ringcomm.options import ALGORITHM_COLLECTIVES, DEFAULTS, IN_HOST_ALGORITHMS
 from sweep import DTYPES, OPS, make_input, op_valid, reduce_reference, wrong
 from tiers import world_sizes
 
 # Small publications, so that a few hundred elements already take several rounds.
 PUBLISH_BYTES = 256
-ONE_HOP = tuple(a for a in ALGORITHMS if a != "ring")  # every algorithm the table adds, auto too
+# Every algorithm the table adds that runs on shared memory, auto too (those between hosts:
+# tests/test_recursive_doubling.py, tests/test_multihost.py).
+ONE_HOP = tuple(a for a in IN_HOST_ALGORITHMS if a != "ring")
 WIRES = (torch.bfloat16, torch.float16)
 
 

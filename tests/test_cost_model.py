@@ -91,3 +91,21 @@ def test_fit_inter_recovers_the_links_between_nodes_from_two_level_times():
     assert alpha == pytest.approx(80e-6, rel=1e-6) and beta == pytest.approx(1 / 0.2e9, rel=1e-6)
     with pytest.raises(ValueError, match="across hosts"):
         cm.fit_inter(records[:1], machine)
+
+
+def test_between_hosts_model_fits_each_algorithm_and_projects_the_faster():
+    import between_hosts_model as bh
+
+    links = {"ring": cm.Link(50e-6, 1 / 400e6), "recursive_doubling": cm.Link(30e-6, 1 / 500e6)}
+    records = [{"collective": "all_reduce", "impl": f"ringcomm-{a}", "nranks": h, "size": s,
+                "time_us": 1.0, "p50_us": bh.predicted_us(a, h, s, links)}
+               for a in bh.ALGORITHMS for h in (2, 3, 8) for s in (8, 4096, 1 << 20)]
+    fitted = bh.fit_links(bh.medians_of(records))
+    for a in bh.ALGORITHMS:
+        assert (fitted[a].alpha, fitted[a].beta) == pytest.approx(
+            (links[a].alpha, links[a].beta), rel=1e-9)
+    assert all(abs(row[5]) < 1e-9 for row in bh.errors(bh.medians_of(records), fitted))
+    rows = {(h, s): (faster, auto, ring) for h, s, faster, auto, ring in bh.projection(fitted)}
+    assert rows[1024, 8][0] == "recursive_doubling" and rows[1024, 8][1] < rows[1024, 8][2]
+    assert rows[64, 16 << 20][0] == "ring"
+    assert rows[64, 32768][1] == rows[64, 32768][2]  # above auto's threshold: the ring

@@ -60,6 +60,38 @@ def test_every_collective_is_exact_across_hosts(count, per_host):
                 assert sent[rank] == sent[across ^ 1] == 0, (name, sent)
 
 
+@pytest.mark.parametrize("count,per_host", [(2, 1), (3, 1), (4, 1), (8, 1), (2, 2), (3, 2)])
+def test_recursive_doubling_between_hosts_is_exact(count, per_host):
+    """recursive_doubling (between hosts: of every rank at one rank per host, of the hosts'
+    leaders per local index in two levels), power-of-two host counts and not."""
+    with EmulatedHosts(count) as hosts:
+        by_rank = results(hosts.torchrun([JOB, "doubling"], per_host, env=ENV, timeout=900))
+        leftovers = [hosts.shm_files(h) for h in range(count)]
+    assert sorted(by_rank) == list(range(count * per_host))
+    for r in by_rank.values():
+        assert r["cases"] > 100 and not r["failures"], r["failures"][:10]
+    assert leftovers == [[]] * count
+
+
+def test_uneven_hosts_all_reduce_through_their_leaders_exactly():
+    """3 ranks on one host, 1 on the other: every collective exact, and all_reduce in two
+    levels (only the hosts' first ranks, 0 and 3, talk across hosts), not on the flat ring
+    (where rank 2 would send to rank 3)."""
+    with EmulatedHosts(2) as hosts:
+        by_rank = results(hosts.torchrun([JOB, "sweep"], [3, 1], env=ENV, timeout=900))
+        leftovers = [hosts.shm_files(h) for h in range(2)]
+    assert sorted(by_rank) == [0, 1, 2, 3]
+    for rank, r in by_rank.items():
+        assert r["host"] == ("host0" if rank < 3 else "host1")
+        assert r["cases"] > 300 and not r["failures"], r["failures"][:10]
+        sent = r["bytes_sent"]["all_reduce"]
+        across = [q for q in range(4) if sent[q] and (q < 3) != (rank < 3)]
+        assert across == ([3] if rank == 0 else [0] if rank == 3 else []), (rank, sent)
+        if rank == 0:  # the leader sends the whole 256 KiB tensor's 2(H-1)/H once between hosts
+            assert sent[3] == 256 * 1024, sent
+    assert leftovers == [[], []]
+
+
 def test_ddp_trains_on_the_ringcomm_backend_across_hosts():
     with EmulatedHosts(2) as hosts:
         by_rank = results(hosts.torchrun([JOB, "ddp"], 2, env=ENV, timeout=300))
@@ -68,17 +100,20 @@ def test_ddp_trains_on_the_ringcomm_backend_across_hosts():
         assert r["relative_difference"] < 1e-6, r
 
 
-def failure_run(cause):
-    """A 2 x 2 job all-reducing in a loop; `cause(hosts)` strikes host 1 once every rank is
-    running. Returns the survivors' results, when the strike happened and the leftovers."""
+def failure_run(cause, algorithm_env=None, per_host=(2, 2)):
+    """A job of two hosts (`per_host` ranks each) all-reducing in a loop; `cause(hosts)` strikes
+    host 1 once every rank is running. Returns the survivors' results, when the strike happened
+    and the leftovers. `algorithm_env`: MULTIHOST_ALGORITHM and MULTIHOST_COUNT for the loop."""
+    world = sum(per_host)
     timeout = 6
     with EmulatedHosts(2) as hosts:
         ready = f"/tmp/ringcomm-multihost-ready-{os.getpid()}"
-        env = dict(ENV, MULTIHOST_TIMEOUT=str(timeout), MULTIHOST_READY=ready)
+        env = dict(ENV, MULTIHOST_TIMEOUT=str(timeout), MULTIHOST_READY=ready,
+                   **(algorithm_env or {}))
         struck = {}
 
         def strike():
-            while not all(os.path.exists(f"{ready}.{r}") for r in range(4)):
+            while not all(os.path.exists(f"{ready}.{r}") for r in range(world)):
                 time.sleep(0.05)
             struck["at"] = time.time()
             cause(hosts)
@@ -88,11 +123,12 @@ def failure_run(cause):
         try:
             # torchrun's agent on host 0 waits (300 s) for the lost host's agent at exit: the
             # survivors' own exit is what counts, so the launch is cut short.
-            outputs = hosts.torchrun([JOB, "failure"], 2, env=env, timeout=3 * timeout + 15)
+            outputs = hosts.torchrun([JOB, "failure"], list(per_host), env=env,
+                                     timeout=3 * timeout + 15)
         except emulated_hosts.HostsTimeout as cut:
             outputs = cut.outputs
         finally:
-            for r in range(4):
+            for r in range(world):
                 if os.path.exists(f"{ready}.{r}"):
                     os.remove(f"{ready}.{r}")
         thread.join(timeout=5)
@@ -105,10 +141,13 @@ def failure_run(cause):
             emulated_hosts.format_outputs(outputs))
 
 
+@pytest.mark.parametrize("algorithm_env", [
+    None, {"MULTIHOST_ALGORITHM": "recursive_doubling", "MULTIHOST_COUNT": "1000"}],
+    ids=["ring", "recursive_doubling"])
 @pytest.mark.parametrize("cause", ["kill_host", "link_down"])
-def test_a_lost_host_is_named_by_the_survivors_within_the_timeout(cause):
+def test_a_lost_host_is_named_by_the_survivors_within_the_timeout(cause, algorithm_env):
     found, exited, struck, timeout, leftovers, shown = failure_run(
-        lambda hosts: getattr(hosts, cause)(1))
+        lambda hosts: getattr(hosts, cause)(1), algorithm_env)
     assert sorted(r["rank"] for r in found) == [0, 1], shown
     assert exited == 2, shown  # both closed their communicator and left main()
     for r in found:
@@ -116,5 +155,17 @@ def test_a_lost_host_is_named_by_the_survivors_within_the_timeout(cause):
         # The rank it lost (or waited for) and its host are named, directly or in the reason
         # a peer on this host aborted with.
         assert "host1" in r["message"] and ("rank 2" in r["message"] or "rank 3" in r["message"]), r
+        assert r["failed_at"] - struck < timeout + 5, (r, struck)
+    assert leftovers == [[], []], leftovers
+
+
+def test_a_lost_host_of_uneven_hosts_is_named_by_the_survivors_within_the_timeout():
+    found, exited, struck, timeout, leftovers, shown = failure_run(
+        lambda hosts: hosts.kill_host(1), per_host=(3, 1))
+    assert sorted(r["rank"] for r in found) == [0, 1, 2], shown
+    assert exited == 3, shown
+    for r in found:
+        assert r["kind"] in ("PeerError", "CommTimeoutError"), r
+        assert "host1" in r["message"] and "rank 3" in r["message"], r
         assert r["failed_at"] - struck < timeout + 5, (r, struck)
     assert leftovers == [[], []], leftovers

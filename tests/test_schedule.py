@@ -9,7 +9,7 @@ import pytest
 
 import ringcomm
 from ringcomm import _C, _testing
-from ringcomm.options import ALGORITHM_COLLECTIVES
+from ringcomm.options import ALGORITHM_COLLECTIVES, BETWEEN_HOSTS
 
 COLLECTIVES_PLANNED = [kind.name for kind in _C.PLANNED_COLLECTIVES]  # point-to-point has no plan
 
@@ -255,8 +255,9 @@ def test_schedule_text_view():
 
 # -- one-hop plans (one_shot, two_shot): publications instead of ring messages -----------------
 
+# Plans between hosts (point-to-point messages to any rank, below) are not one-hop.
 ONE_HOP = [(algorithm, collective) for algorithm, collectives in ALGORITHM_COLLECTIVES.items()
-           if algorithm not in ("ring", "auto") for collective in collectives]
+           if algorithm not in ("ring", "auto") + BETWEEN_HOSTS for collective in collectives]
 
 
 def one_hop_plans(algorithm, collective, n, count, dtype=None):
@@ -376,3 +377,57 @@ def test_steps_are_named_as_nccl_names_them():
     assert {s.kind for steps in chain.steps for s in steps} >= {"send", "recvCopySend", "ack"}
     one_shot = ringcomm.schedule("all_reduce", world_size=3, count=4, algorithm="one_shot")
     assert [s.kind for s in one_shot.steps[0]] == ["publish", "read", "read", "read"]
+
+
+# -- recursive_doubling: whole-tensor messages to any rank -------------------------------------
+
+def simulate_point_to_point(algorithm, n, count):
+    """Runs every rank's all_reduce plan over FIFO channels between any two ranks, a send never
+    waiting (TCP's slots); values are the multisets of ranks combined. Returns each rank's final
+    value, the number of messages each rank waited for in sequence (its depth), and the plans."""
+    all_plans = one_hop_plans(algorithm, "all_reduce", n, count, "float32")
+    value = [Counter({r: 1}) for r in range(n)]
+    channels = {}
+    depth = [0] * n  # the longest chain of messages that reached each rank's current value
+    cursor = [0] * n
+    progressed = True
+    while progressed:
+        progressed = False
+        for r, plan in enumerate(all_plans):
+            while cursor[r] < len(plan["steps"]):
+                step = plan["steps"][cursor[r]]
+                assert step["chunk"] == -1 and step["read_from"] < 0 and not step["ack"]
+                if step["recv_from"] >= 0:
+                    channel = channels.get((step["recv_from"], r))
+                    if not channel:
+                        break
+                    got, hops = channel.popleft()
+                    depth[r] = max(depth[r], hops)
+                    assert step["store"], (r, step)
+                    value[r] = value[r] + got if step["reduce"] else got
+                else:
+                    assert step["send_to"] >= 0 and step["send_to"] != r, (r, step)
+                    channels.setdefault((r, step["send_to"]), deque()).append(
+                        (Counter(value[r]), depth[r] + 1))
+                cursor[r] += 1
+                progressed = True
+    stuck = [r for r in range(n) if cursor[r] < len(all_plans[r]["steps"])]
+    assert not stuck, f"ranks {stuck} wait forever (deadlock in the plan)"
+    assert all(not c for c in channels.values()), "messages left unreceived"
+    return value, depth, all_plans
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 23, 31, 32, 64])
+def test_recursive_doubling_reduces_every_rank_once_in_log_depth(n):
+    power = 1 << (n.bit_length() - 1)
+    rounds = power.bit_length() - 1 + (2 if power < n else 0)
+    for count in (0, 1, n - 1, 3 * n + 1):
+        values, depth, all_plans = simulate_point_to_point("recursive_doubling", n, count)
+        assert values == [Counter(range(n))] * n
+        # log2 of the power of two, and at most the fold and the unfold (a send overlaps them).
+        assert power.bit_length() - 1 <= max(depth) <= rounds, depth
+        for r, plan in enumerate(all_plans):
+            finalizing = [s for s in plan["steps"] if s["finalize"]]
+            # AVG divides once: at the last reduction of ranks below the power of two; ranks
+            # above it receive the divided result.
+            assert len(finalizing) == (1 if r < power else 0), (r, plan["steps"])

@@ -303,12 +303,16 @@ class EmulatedHosts:
 
     def torchrun(self, script_argv, nproc_per_node, env=None, timeout=300, nodes=None):
         """Runs script_argv under torchrun on the first `nodes` hosts (default: every host;
-        static rendezvous at host 0); returns each one's (returncode, stdout, stderr). Past
+        static rendezvous at host 0), `nproc_per_node` ranks on each (a list: host h's at h, as
+        torchrun takes a different --nproc-per-node per node); returns each one's (returncode,
+        stdout, stderr). Past
         `timeout` seconds every host's processes are killed and HostsTimeout carries what they
         wrote."""
         port = self.free_port(0)
         files, procs = [], []
         nodes = self.count if nodes is None else nodes
+        per_host = (list(nproc_per_node) if isinstance(nproc_per_node, (list, tuple))
+                    else [nproc_per_node] * nodes)
         for h in range(nodes):
             # Appends: the lines of a host's ranks never overwrite each other.
             out = open(os.path.join(self._tmp, f"torchrun{port}-{h}.out"), "a+")
@@ -316,7 +320,7 @@ class EmulatedHosts:
             files.append((out, err))
             procs.append(self.popen(h, [
                 sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}",
-                f"--node-rank={h}", f"--nproc-per-node={nproc_per_node}",
+                f"--node-rank={h}", f"--nproc-per-node={per_host[h]}",
                 f"--master-addr={self.address(0)}", f"--master-port={port}",
                 "--rdzv-backend=static", *script_argv], env=env, stdin=subprocess.DEVNULL,
                 stdout=out, stderr=err))
@@ -362,7 +366,9 @@ def format_outputs(outputs):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--hosts", type=int, default=2, help="number of emulated hosts")
-    p.add_argument("--nproc-per-node", type=int, default=1, help="ranks per host")
+    p.add_argument("--nproc-per-node", default="1",
+                   type=lambda text: [int(n) for n in text.split(",")],
+                   help="ranks per host, or per host in host order (3,1: uneven hosts)")
     p.add_argument("--rate", help="shape each host's link both ways, e.g. 3gbit")
     p.add_argument("--timeout", type=float, default=3600, help="seconds before the job is killed")
     p.add_argument("--tcp-check", action="store_true",
@@ -384,7 +390,9 @@ def main(argv=None):
         if not args.script:
             return 0
         try:
-            outputs = hosts.torchrun([args.script, *args.args], args.nproc_per_node,
+            per_host = args.nproc_per_node * args.hosts if len(args.nproc_per_node) == 1 else (
+                args.nproc_per_node)
+            outputs = hosts.torchrun([args.script, *args.args], per_host,
                                      timeout=args.timeout)
         except HostsTimeout as e:
             outputs = e.outputs

@@ -14,11 +14,15 @@ Algorithm Communicator::resolveAlgorithm(Algorithm requested, Collective collect
   if (worldSize_ == 1) return Algorithm::Ring;  // nothing to exchange either way
   if (requested == Algorithm::Auto)
     return chooseAlgorithm(collective, bytes, worldSize_, transport_->publishBytes() > 0,
-                           options_.thresholds);
+                           options_.thresholds, transport_->reachesEveryPeer());
   RC_CHECK(!isOneHop(requested) || transport_->publishBytes() > 0, algorithmName(requested),
            " ", collectiveName(collective),
            " needs a transport with publications (CPU shared memory); this device's has none: "
            "use ring or auto");
+  RC_CHECK(requested != Algorithm::RecursiveDoubling || transport_->reachesEveryPeer(),
+           algorithmName(requested), " ", collectiveName(collective),
+           " needs a transport that reaches every rank (TCP between hosts); this one links ring "
+           "neighbours only: use ring or auto");
   return requested;
 }
 
@@ -35,6 +39,9 @@ void Communicator::checkRequest(const CollectiveRequest& r) const {
            redOpName(r.op));
   RC_CHECK(info.wire || !r.wireType || *r.wireType == r.type, info.name,
            " takes no wire dtype (its messages are its data type, ", dataTypeName(r.type), ")");
+  RC_CHECK(r.algorithm != Algorithm::RecursiveDoubling || !r.wireType || *r.wireType == r.type,
+           "recursive_doubling ", info.name, " sends the data's own dtype (on a 16-bit wire each "
+           "rank would round differently): use ring or auto with wire_dtype");
   RC_CHECK(info.layout != Layout::InPlace || r.input == nullptr || r.input == r.output, info.name,
            " runs in place on its output: leave input unset or the same");
   // What this rank touches: the in-place tensor; its own block (the output of reduce_scatter and

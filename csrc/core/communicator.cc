@@ -104,21 +104,27 @@ LocalCopy mapBuffers(const CollectiveRequest& r, int rank, int worldSize, Planne
 
 }  // namespace
 
-void Communicator::run(const CollectiveRequest& r) {
+void Communicator::run(const CollectiveRequest& request) {
   checkUsable();
-  checkRequest(r);
-  if (runsInTwoLevels(r)) {
-    if (r.collective == Collective::AllReduce) return allReduceInTwoLevels(r);
-    if (r.collective == Collective::ReduceScatter) return reduceScatterInTwoLevels(r);
-    return allGatherInTwoLevels(r);
+  checkRequest(request);
+  if (runsInTwoLevels(request)) {
+    if (request.collective == Collective::AllReduce) return allReduceInTwoLevels(request);
+    if (request.collective == Collective::ReduceScatter) return reduceScatterInTwoLevels(request);
+    return allGatherInTwoLevels(request);
   }
+  CollectiveRequest r = request;
+  r.algorithm = flatAlgorithm(request.algorithm);
   const DataType wireType = r.wireType.value_or(r.type);
   const bool inPlace = collectiveInfo(r.collective).layout == Layout::InPlace;
   const size_t bytes = r.count * (inPlace ? 1 : worldSize_) * dataTypeSize(r.type);
+  Algorithm algorithm = resolveAlgorithm(r.algorithm, r.collective, bytes);
+  // On a 16-bit wire each side of a recursive_doubling exchange would add the other's rounded
+  // value to its own exact one, and ranks would end apart: auto takes the ring there
+  // (checkRequest refuses asking for it).
+  if (algorithm == Algorithm::RecursiveDoubling && wireType != r.type) algorithm = Algorithm::Ring;
   PlannedCollective c;
   c.plan = &plans_.get({r.collective, rank_, worldSize_, r.count, r.root,
-                     chunkAlignment(r.type, wireType),
-                     resolveAlgorithm(r.algorithm, r.collective, bytes)});
+                     chunkAlignment(r.type, wireType), algorithm});
   const LocalCopy copy = mapBuffers(r, rank_, worldSize_, c);
   prepare(c, r.op, r.type, wireType, r.avgDivisor);
   CallName call = describe(r, c.sequence, algorithmName(c.plan->request.algorithm));

@@ -1,6 +1,6 @@
 // PlanBuilder: appends one rank's steps to a Plan (schedule.h). makePlan (schedule.cc) lays out
 // the chunks and calls one family: the ring plans are in ring_plans.cc, the one-hop plans, which
-// exchange publications, in one_hop_plans.cc. Private to the core.
+// exchange publications, in one_hop_plans.cc, the log-depth ones in recursive_doubling_plans.cc. Private to the core.
 #pragma once
 
 #include <limits>
@@ -31,6 +31,9 @@ class PlanBuilder {
   void twoShotAllReduce();
   void oneShotReduceScatter();
   void oneShotAllGather();
+
+  // Log-depth plans between hosts (recursive_doubling_plans.cc).
+  void recursiveDoublingAllReduce();
 
  private:
   static int wrap(int value, int n) { return ((value % n) + n) % n; }
@@ -66,6 +69,10 @@ class PlanBuilder {
   Step& reduceFromAll(int chunk);
   // Every other rank's chunk, from its publication of it in `phase`.
   void copyFromOthers(int phase);
+
+  // Point-to-point steps on the whole buffer (recursive_doubling_plans.cc): to or from any rank.
+  Step& sendWholeTo(int peer);
+  Step& recvWholeFrom(int peer, bool reduce);
 
   Plan& plan_;
   int rank_, size_, prev_, next_;

@@ -117,7 +117,8 @@ Plan buildPlan(const PlanRequest& request) {
   // One range over the whole buffer (chains, and one_shot all_reduce, which reads everything
   // whole), balanced chunks of one tensor (all_reduce), or one block per rank.
   const bool whole = collective == Collective::Broadcast || collective == Collective::Reduce ||
-                     (collective == Collective::AllReduce && algorithm == Algorithm::OneShot);
+                     (collective == Collective::AllReduce && (algorithm == Algorithm::OneShot ||
+                                                              algorithm == Algorithm::RecursiveDoubling));
   if (whole) {
     plan.bufferCount = request.count;
     plan.chunks.push_back(Range{0, request.count});
@@ -132,6 +133,10 @@ Plan buildPlan(const PlanRequest& request) {
   if (n == 1) return plan;  // nothing to exchange
 
   PlanBuilder builder(plan);
+  if (algorithm == Algorithm::RecursiveDoubling) {
+    builder.recursiveDoublingAllReduce();  // kAlgorithms: all_reduce only
+    return plan;
+  }
   if (algorithm == Algorithm::OneShot || algorithm == Algorithm::TwoShot) {
     if (algorithm == Algorithm::TwoShot)
       builder.twoShotAllReduce();  // kAlgorithms: two_shot plans all_reduce only

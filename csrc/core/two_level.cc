@@ -4,8 +4,11 @@
 // an all-gather inside each host. Each host sends 2(H-1)/H of the data between hosts, where a flat
 // ring pushes 2(N-1)/N of it through every link that crosses hosts. Large tensors go in pieces,
 // pipelined: the network carries one piece while shared memory reduces the next and gathers the
-// one before (each level's calls keep one order on every rank).
+// one before (each level's calls keep one order on every rank); reduce_scatter and all_gather
+// likewise, in pieces of every block. The level between hosts runs the
+// request's algorithm: the ring, recursive_doubling, or auto's pick between them by size.
 #include <algorithm>
+#include <optional>
 
 #include "core/lane.h"
 #include "ringcomm/communicator.h"
@@ -23,44 +26,70 @@ constexpr size_t kPieceBytes = 4u << 20;
 void Communicator::setLevels(std::shared_ptr<Communicator> local,
                              std::shared_ptr<Communicator> cross,
                              std::vector<std::vector<int>> hostRanks) {
-  RC_CHECK(local && cross, "two levels need a communicator for each");
-  const size_t hosts = hostRanks.size(), perHost = local->worldSize();
-  RC_CHECK(hosts == static_cast<size_t>(cross->worldSize()) &&
-               hosts * perHost == static_cast<size_t>(worldSize_),
-           "levels of ", perHost, " ranks per host and ", cross->worldSize(),
-           " hosts do not make ", worldSize_, " ranks");
+  RC_CHECK(local, "two levels need a communicator inside the host");
+  const size_t hosts = hostRanks.size();
+  size_t ranks = 0;
+  bool even = true;
+  int host = -1, index = -1;
   std::vector<int> seen(worldSize_, 0);
-  for (const std::vector<int>& ranks : hostRanks) {
-    RC_CHECK(ranks.size() == perHost, "every host needs ", perHost, " ranks, one has ",
-             ranks.size());
-    for (int r : ranks)
+  for (size_t h = 0; h < hosts; ++h) {
+    RC_CHECK(!hostRanks[h].empty(), "host ", h, " has no ranks");
+    ranks += hostRanks[h].size();
+    even = even && hostRanks[h].size() == hostRanks[0].size();
+    for (size_t i = 0; i < hostRanks[h].size(); ++i) {
+      const int r = hostRanks[h][i];
       RC_CHECK(r >= 0 && r < worldSize_ && seen[r]++ == 0, "rank ", r,
                " is not a rank, or is on two hosts");
+      if (r == rank_) host = static_cast<int>(h), index = static_cast<int>(i);
+    }
   }
-  const int host = cross->rank(), index = local->rank();
-  RC_CHECK(hostRanks[host][index] == rank_, "the levels do not put this rank where it is");
+  RC_CHECK(ranks == static_cast<size_t>(worldSize_), "hosts of ", ranks, " ranks in all do not make ",
+           worldSize_, " ranks");
+  RC_CHECK(host >= 0 && local->rank() == index &&
+               local->worldSize() == static_cast<int>(hostRanks[host].size()),
+           "the levels do not put this rank where it is");
+  // Even hosts: a level between hosts per local index. Uneven ones: one, of each host's first
+  // rank (its leader), which the others do not join.
+  const bool joins = even || index == 0;
+  RC_CHECK(joins == (cross != nullptr), joins ? "this rank needs" : "only a host's first rank joins",
+           " a communicator between hosts");
+  RC_CHECK(!cross || (cross->worldSize() == static_cast<int>(hosts) && cross->rank() == host),
+           "the level between hosts has ", cross ? cross->worldSize() : 0, " ranks, not the ",
+           hosts, " hosts");
   local_.comm = std::move(local), local_.ranks = hostRanks[host];
   cross_.comm = std::move(cross), cross_.ranks.clear();
-  for (const std::vector<int>& ranks : hostRanks) cross_.ranks.push_back(ranks[index]);
+  for (const std::vector<int>& members : hostRanks) cross_.ranks.push_back(members[even ? index : 0]);
   hostRanks_ = std::move(hostRanks);
+  unevenHosts_ = !even;
 }
 
 bool Communicator::runsInTwoLevels(const CollectiveRequest& r) const {
   if (!local_.comm || r.count == 0) return false;
   switch (r.collective) {
     case Collective::AllReduce:
-      // Fewer elements than a host has ranks leave a rank no shard: the flat ring runs them.
-      if (r.count < static_cast<size_t>(local_.comm->worldSize())) return false;
+      // Fewer elements than a host has ranks leave a rank no shard: the flat ring runs them
+      // (uneven hosts shard nothing: their leaders carry whole pieces).
+      if (!unevenHosts_ && r.count < static_cast<size_t>(local_.comm->worldSize())) return false;
       break;
     case Collective::ReduceScatter:
     case Collective::AllGather:
+      if (unevenHosts_) return false;  // uneven hosts: all_reduce only, these on the flat ring
       break;
     default:
       return false;
   }
+  // An algorithm between hosts runs in the level between hosts (acrossHosts).
+  if (r.algorithm == Algorithm::RecursiveDoubling && r.collective == Collective::AllReduce)
+    return true;
   const size_t blocks = r.collective == Collective::AllReduce ? 1 : worldSize_;
   return resolveAlgorithm(r.algorithm, r.collective, r.count * blocks * dataTypeSize(r.type)) ==
          Algorithm::Ring;
+}
+
+Algorithm Communicator::flatAlgorithm(Algorithm requested) const {
+  // This communicator's own ring links neighbours only: what the levels do not run (fewer
+  // elements than a host has ranks) takes the ring there.
+  return local_.comm && requested == Algorithm::RecursiveDoubling ? Algorithm::Ring : requested;
 }
 
 void Communicator::runInLevel(const Level& level, const CollectiveRequest& part) {
@@ -75,12 +104,14 @@ void Communicator::runInLevel(const Level& level, const CollectiveRequest& part)
 }
 
 void Communicator::allReduceInTwoLevels(const CollectiveRequest& r) {
+  if (unevenHosts_) return allReduceThroughLeaders(r);
   const size_t hostRanks = local_.comm->worldSize();
   const size_t head = r.count / hostRanks * hostRanks;
   const size_t elementBytes = dataTypeSize(r.type);
   char* tensor = static_cast<char*>(r.output);
   if (head < r.count) {  // what does not split evenly (fewer than L elements): the flat ring
     CollectiveRequest rest = r;
+    rest.algorithm = flatAlgorithm(r.algorithm);
     rest.output = tensor + head * elementBytes;
     rest.input = nullptr;
     rest.count = r.count - head;
@@ -109,8 +140,7 @@ void Communicator::allReduceInTwoLevels(const CollectiveRequest& r) {
     runInLevel(local_, part);
   };
   auto acrossHosts = [&](const Piece& p) {
-    CollectiveRequest part = r;
-    part.algorithm = Algorithm::Auto;
+    CollectiveRequest part = r;  // ring, auto or recursive_doubling: the request's, between hosts
     part.collective = Collective::AllReduce, part.output = p.mine, part.input = nullptr;
     part.count = p.shard;
     part.avgDivisor = r.op == RedOp::Avg ? worldSize_ : 0;
@@ -143,57 +173,158 @@ void Communicator::allReduceInTwoLevels(const CollectiveRequest& r) {
   });
 }
 
-void Communicator::reorderBlocks(char* to, const char* from, size_t blockBytes, bool toGroups) {
-  const size_t hosts = hostRanks_.size();
-  for (size_t h = 0; h < hosts; ++h)
-    for (size_t i = 0; i < hostRanks_[h].size(); ++i) {
-      const size_t rankOrder = hostRanks_[h][i] * blockBytes, groupOrder = (i * hosts + h) * blockBytes;
-      if (toGroups) reducer_->copy(to + groupOrder, nullptr, from + rankOrder, blockBytes);
-      else reducer_->copy(to + rankOrder, nullptr, from + groupOrder, blockBytes);
-    }
-}
-
-Communicator::GroupedBlocks Communicator::groupedBlocks(const CollectiveRequest& r) {
-  GroupedBlocks g;
-  g.hosts = hostRanks_.size(), g.block = r.count * dataTypeSize(r.type);
-  if (scratch_.size() < worldSize_ * g.block) scratch_.resize(worldSize_ * g.block);
-  g.groups = scratch_.data();
-  g.mine = g.groups + local_.comm->rank() * g.hosts * g.block;
-  return g;
-}
-
-// reduce_scatter: the blocks in group order (each local index's H blocks together), reduced
-// inside the host (this rank keeps its local index's group), then between hosts (it keeps its
-// own block). Each host sends (H-1)/H of the data between hosts.
-void Communicator::reduceScatterInTwoLevels(const CollectiveRequest& r) {
-  const GroupedBlocks g = groupedBlocks(r);
-  const CallName call = describe(r, sequence_++, "two_level");
-  collective(r.stream, call, [&] {
-    reorderBlocks(g.groups, static_cast<const char*>(r.input), g.block, true);
+// Hosts of unequal rank counts: a reduce to the host's first rank (its leader) over shared
+// memory, an all_reduce between the leaders, a broadcast from the leader. Each host sends
+// 2(H-1)/H of the data between hosts, as in even levels, all through its leader. Pipelined in
+// pieces as above: the leader's lane carries piece k between hosts while its host reduces piece
+// k+1 and broadcasts piece k-1 (every rank of a host makes its calls in that one order).
+void Communicator::allReduceThroughLeaders(const CollectiveRequest& r) {
+  const size_t elementBytes = dataTypeSize(r.type);
+  const size_t perPiece = std::max<size_t>(1, kPieceBytes / elementBytes);
+  char* tensor = static_cast<char*>(r.output);
+  struct Piece {
+    char* base;
+    size_t count;
+  };
+  std::vector<Piece> pieces;
+  for (size_t first = 0; first < r.count; first += perPiece)
+    pieces.push_back({tensor + first * elementBytes, std::min(perPiece, r.count - first)});
+  auto inHost = [&](const Piece& p, Collective collective) {
     CollectiveRequest part = r;
     part.algorithm = Algorithm::Auto;
-    part.output = g.mine, part.input = g.groups, part.count = g.hosts * r.count;
-    part.op = r.op == RedOp::Avg ? RedOp::Sum : r.op;  // AVG divides once, by N
+    part.collective = collective, part.output = p.base, part.input = nullptr, part.count = p.count;
+    part.root = 0, part.wireType.reset();  // the leader's data stays exact until the network
+    part.op = collective == Collective::Broadcast ? RedOp::Sum
+              : r.op == RedOp::Avg               ? RedOp::Sum  // AVG divides once, by N
+                                                 : r.op;
     runInLevel(local_, part);
-    part.output = r.output, part.input = g.mine, part.count = r.count, part.op = r.op;
+  };
+  auto acrossHosts = [&](size_t k) {
+    CollectiveRequest part = r;  // ring, auto or recursive_doubling: the request's
+    part.output = pieces[k].base, part.input = nullptr, part.count = pieces[k].count;
     part.avgDivisor = r.op == RedOp::Avg ? worldSize_ : 0;
     runInLevel(cross_, part);
+  };
+  const bool leader = cross_.comm != nullptr;
+  const CallName call = describe(r, sequence_++, "two_level");
+  collective(r.stream, call, [&] {
+    if (leader && pieces.size() == 1) {
+      inHost(pieces[0], Collective::Reduce), acrossHosts(0), inHost(pieces[0], Collective::Broadcast);
+      return;
+    }
+    std::optional<Lane> lane;  // the leader's: the network, one piece behind
+    if (leader)
+      lane.emplace(acrossHosts, [&] { cross_.comm->abort("the all_reduce failed inside its host"); });
+    for (size_t k = 0; k < pieces.size(); ++k) {
+      inHost(pieces[k], Collective::Reduce);
+      if (lane) lane->post(k);
+      if (k == 0) continue;
+      if (lane) lane->waitFor(k - 1);
+      inHost(pieces[k - 1], Collective::Broadcast);
+    }
+    if (lane) lane->waitFor(pieces.size() - 1);
+    inHost(pieces.back(), Collective::Broadcast);
   });
 }
 
-// all_gather: between hosts first (this rank's local index's group), then inside the host (every
-// group), then from group order into rank order.
-void Communicator::allGatherInTwoLevels(const CollectiveRequest& r) {
-  const GroupedBlocks g = groupedBlocks(r);
-  const CallName call = describe(r, sequence_++, "two_level");
-  collective(r.stream, call, [&] {
+void Communicator::reorderPiece(char* groups, char* ranks, size_t blockBytes, size_t offset,
+                                size_t bytes, bool toGroups) {
+  const size_t hosts = hostRanks_.size();
+  for (size_t h = 0; h < hosts; ++h)
+    for (size_t i = 0; i < hostRanks_[h].size(); ++i) {
+      char* inRanks = ranks + hostRanks_[h][i] * blockBytes + offset;
+      char* inGroups = groups + (i * hosts + h) * bytes;
+      if (toGroups) reducer_->copy(inGroups, nullptr, inRanks, bytes);
+      else reducer_->copy(inRanks, nullptr, inGroups, bytes);
+    }
+}
+
+std::vector<Communicator::BlockPiece> Communicator::blockPieces(const CollectiveRequest& r) {
+  const size_t elementBytes = dataTypeSize(r.type), hosts = hostRanks_.size();
+  if (scratch_.size() < worldSize_ * r.count * elementBytes)
+    scratch_.resize(worldSize_ * r.count * elementBytes);
+  // Every rank's blocks' pieces together make about kPieceBytes.
+  const size_t perPiece = std::max<size_t>(1, kPieceBytes / (elementBytes * worldSize_));
+  std::vector<BlockPiece> pieces;
+  for (size_t first = 0; first < r.count; first += perPiece) {
+    const size_t count = std::min(perPiece, r.count - first);
+    char* groups = scratch_.data() + first * worldSize_ * elementBytes;  // earlier pieces are whole
+    pieces.push_back({first, count, groups, groups + local_.comm->rank() * hosts * count * elementBytes});
+  }
+  return pieces;
+}
+
+// reduce_scatter, piece by piece (elements [first, first + count) of every block): the pieces
+// in group order (each local index's H pieces together), reduced inside the host (this rank
+// keeps its local index's group), then between hosts (it keeps its own block's piece). Each
+// host sends (H-1)/H of the data between hosts; the lane carries piece k between hosts while
+// the host reduces piece k+1.
+void Communicator::reduceScatterInTwoLevels(const CollectiveRequest& r) {
+  const size_t elementBytes = dataTypeSize(r.type), hosts = hostRanks_.size();
+  const std::vector<BlockPiece> pieces = blockPieces(r);
+  char* input = static_cast<char*>(const_cast<void*>(r.input));
+  auto inHost = [&](const BlockPiece& p) {
+    reorderPiece(p.groups, input, r.count * elementBytes, p.first * elementBytes,
+                 p.count * elementBytes, true);
     CollectiveRequest part = r;
     part.algorithm = Algorithm::Auto;
-    part.output = g.mine;  // the input is this rank's block (in place too: read before written)
-    runInLevel(cross_, part);
-    part.output = g.groups, part.input = g.mine, part.count = g.hosts * r.count;
+    part.output = p.mine, part.input = p.groups, part.count = hosts * p.count;
+    part.op = r.op == RedOp::Avg ? RedOp::Sum : r.op;  // AVG divides once, by N
     runInLevel(local_, part);
-    reorderBlocks(static_cast<char*>(r.output), g.groups, g.block, false);
+  };
+  auto acrossHosts = [&](size_t k) {
+    CollectiveRequest part = r;
+    part.algorithm = Algorithm::Auto;
+    part.output = static_cast<char*>(r.output) + pieces[k].first * elementBytes;
+    part.input = pieces[k].mine, part.count = pieces[k].count;
+    part.avgDivisor = r.op == RedOp::Avg ? worldSize_ : 0;
+    runInLevel(cross_, part);
+  };
+  const CallName call = describe(r, sequence_++, "two_level");
+  collective(r.stream, call, [&] {
+    if (pieces.size() == 1) {
+      inHost(pieces[0]), acrossHosts(0);
+      return;
+    }
+    Lane lane(acrossHosts,
+              [&] { cross_.comm->abort("the two-level reduce_scatter failed inside its host"); });
+    for (size_t k = 0; k < pieces.size(); ++k) inHost(pieces[k]), lane.post(k);
+    lane.waitFor(pieces.size() - 1);
+  });
+}
+
+// all_gather, piece by piece: between hosts first (this rank's local index's group), then
+// inside the host (every group), then from group order into rank order; the lane runs ahead
+// between hosts while the host gathers the pieces that arrived. In place, piece k of the input
+// is read before rank order's piece k is written, and no piece reads another's.
+void Communicator::allGatherInTwoLevels(const CollectiveRequest& r) {
+  const size_t elementBytes = dataTypeSize(r.type), hosts = hostRanks_.size();
+  const std::vector<BlockPiece> pieces = blockPieces(r);
+  auto acrossHosts = [&](size_t k) {
+    CollectiveRequest part = r;
+    part.algorithm = Algorithm::Auto;
+    part.input = static_cast<const char*>(r.input) + pieces[k].first * elementBytes;
+    part.output = pieces[k].mine, part.count = pieces[k].count;
+    runInLevel(cross_, part);
+  };
+  auto inHost = [&](const BlockPiece& p) {
+    CollectiveRequest part = r;
+    part.algorithm = Algorithm::Auto;
+    part.output = p.groups, part.input = p.mine, part.count = hosts * p.count;
+    runInLevel(local_, part);
+    reorderPiece(p.groups, static_cast<char*>(r.output), r.count * elementBytes,
+                 p.first * elementBytes, p.count * elementBytes, false);
+  };
+  const CallName call = describe(r, sequence_++, "two_level");
+  collective(r.stream, call, [&] {
+    if (pieces.size() == 1) {
+      acrossHosts(0), inHost(pieces[0]);
+      return;
+    }
+    Lane lane(acrossHosts,
+              [&] { cross_.comm->abort("the two-level all_gather failed inside its host"); });
+    lane.post(pieces.size() - 1);  // every piece: the network runs ahead
+    for (size_t k = 0; k < pieces.size(); ++k) lane.waitFor(k), inHost(pieces[k]);
   });
 }
 

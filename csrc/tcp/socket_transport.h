@@ -88,6 +88,7 @@ class SocketTransport : public Transport {
   size_t columnsPerWave() const override {
     return std::max<size_t>(1, options_.slotCount / 2);
   }
+  bool reachesEveryPeer() const override { return true; }
   void* acquireSend(int peer, size_t bytes) override;
   void commitSend(int peer, const Envelope& envelope) override;
   const void* acquireRecv(int peer, const Envelope& expected) override;

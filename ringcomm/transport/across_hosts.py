@@ -6,7 +6,8 @@ shared memory inside a host, TCP between hosts).
 - all_reduce, reduce_scatter and all_gather, when every host has as many ranks (L > 1): in two
   levels (csrc/core/two_level.cc) over a shared-memory ring of this host's ranks and a TCP ring
   of the ranks with this rank's local index on every host, so that each of a host's ranks
-  carries 1/L of the data between hosts.
+  carries 1/L of the data between hosts. Hosts of unequal rank counts: all_reduce in two levels
+  through each host's first rank (its leader), the only one that joins the TCP level.
 - Point-to-point: links to every peer, made here since TCP's are made by every rank together."""
 from .. import _C
 from .links import Links
@@ -23,11 +24,16 @@ def create(rendezvous, options, hosts):
     """The CPU _C.Communicator of ranks on several hosts (`hosts`: hosts.exchange's)."""
     comm = _ring(rendezvous, options, hosts, CommunicatorAcrossHosts)
     comm.peer_links = Links(rendezvous, options, hosts, "p2p")
-    if hosts.uniform and len(hosts.local_ranks) > 1:
+    if not hosts.uniform or len(hosts.local_ranks) > 1:
         local = shared_memory_ring(rendezvous.subgroup(f"host{hosts.host}", hosts.local_ranks),
                                    options)
-        cross = _ring(rendezvous.subgroup(f"across{hosts.local_index}", hosts.cross_ranks),
-                      options, hosts.of(hosts.cross_ranks))
+        if hosts.uniform:
+            cross = _ring(rendezvous.subgroup(f"across{hosts.local_index}", hosts.cross_ranks),
+                          options, hosts.of(hosts.cross_ranks))
+        else:  # uneven: the hosts' leaders alone
+            leaders = tuple(ranks[0] for ranks in hosts.ranks)
+            cross = None if hosts.local_index else _ring(
+                rendezvous.subgroup("leaders", leaders), options, hosts.of(leaders))
         comm.set_levels(local, cross, [list(ranks) for ranks in hosts.ranks])
     return comm
 

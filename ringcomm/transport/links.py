@@ -56,8 +56,14 @@ class Links:
             hosts is None or hosts.same_host(p)).name] for p in range(size)]
         made = list(self._made.values())
         self.slot_bytes = min(m.slot_bytes for m in made)
-        self.transport = made[0].transport if len(made) == 1 else _C.RoutedTransport(
-            rank, [None if m is None else m.transport for m in self._by_peer])
+        routes = [None if m is None else m.transport for m in self._by_peer]
+        # The router's message size and wave are the least of the kinds it holds, and every rank
+        # must slice and wave alike: a rank whose peers all take one kind (alone on its host)
+        # also holds the others, as its own entry, which nothing is ever sent through.
+        unused = [m.transport for m in made if all(m.transport is not t for t in routes)]
+        if unused:
+            routes[rank] = unused[0]
+        self.transport = made[0].transport if len(made) == 1 else _C.RoutedTransport(rank, routes)
 
     def kinds(self):
         """The kind of link to each rank (None for this rank), by rank."""

@@ -1,11 +1,15 @@
 """One rank of the multi-host tests (tests/test_multihost.py), started by torchrun on each
 emulated host. Prints one line "RESULT <json>" at the end.
 
-    sweep      every collective x dtype x op x awkward count against exact references, numpy,
+    sweep      every collective x dtype x op x awkward count against exact references (and blocks
+               big enough for several pieces), numpy,
                point-to-point round the world and an all_to_all, what the communicator saw of
                its hosts, and the bytes each rank sent to every other rank
     ddp        a few DDP steps on the "ringcomm" torch backend, against a single-process replay
+    doubling   all_reduce with algorithm=recursive_doubling (and the ring beside it) x dtype x op
+               x awkward count against exact references, and bitwise alike on every rank
     failure    all_reduce in a loop until something fails: the error, its kind, and when
+               (MULTIHOST_ALGORITHM: the algorithm it runs, MULTIHOST_COUNT: its elements)
 """
 import json
 import os
@@ -19,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import ringcomm  # noqa: E402
 from collective_checks import VALID, Checker, counts_for  # noqa: E402
+from sweep import reduce_reference  # noqa: E402
 
 TIMEOUT = float(os.environ.get("MULTIHOST_TIMEOUT", "60"))
 
@@ -32,6 +37,11 @@ def sweep(comm):
         for dtype, op in cases:
             checker.reductions(count, dtype, op)
         checker.copies(count, torch.int32 if count < 10_000 else torch.float32)
+    # Blocks of 3 MiB in all (and 5 elements more): two-level reduce_scatter and all_gather in
+    # several pieces, the last of 5 elements per block.
+    big = (3 << 20) // n + 5
+    checker.reductions(big, torch.float32, "avg")
+    checker.copies(big, torch.int32)
     checker.numpy_arrays()
     # Point-to-point round the world: each rank sends to the next and receives from the one
     # before (across hosts for some pairs, inside a host for others).
@@ -61,6 +71,31 @@ def sweep(comm):
         call()
         sent[name] = comm.stats().bytes_sent
     return {"failures": checker.failures, "cases": checker.cases, "bytes_sent": sent}
+
+
+def doubling(comm):
+    """recursive_doubling between hosts: exact for every dtype x op x awkward count (0, 1, fewer
+    than ranks, primes, several messages), equal to the ring's result, and the same on every
+    rank (a gather of each result compared)."""
+    checker = Checker(comm)
+    n = comm.world_size
+    for count in sorted(set(counts_for(n)) | {2, 3, 13, 4099, 100_003}):
+        cases = VALID if count < 10_000 else [(torch.float32, "sum"), (torch.float32, "avg"),
+                                              (torch.int64, "max")]
+        for dtype, op in cases:
+            want = reduce_reference(n, count, op, dtype)
+            for algorithm in ("recursive_doubling", "ring"):
+                t = checker.input(comm.rank, count, op, dtype)
+                comm.all_reduce(t, op=op, algorithm=algorithm)
+                checker.check(f"all_reduce {algorithm} {dtype} {op} count {count}", t, want)
+                if dtype.is_floating_point and count > 0:
+                    every = torch.empty(n * count, dtype=dtype)
+                    comm.all_gather(every, t)
+                    alike = all(torch.equal(every[q * count:(q + 1) * count].view(torch.uint8),
+                                            t.view(torch.uint8)) for q in range(n))
+                    checker.check(f"all ranks alike {algorithm} {dtype} {op} count {count}",
+                                  torch.tensor([alike]), torch.tensor([True]))
+    return {"failures": checker.failures, "cases": checker.cases}
 
 
 def ddp(_comm):
@@ -99,11 +134,12 @@ def ddp(_comm):
 
 
 def failure(comm):
-    t = torch.ones(1 << 20)
+    t = torch.ones(int(os.environ.get("MULTIHOST_COUNT", 1 << 20)))
+    algorithm = os.environ.get("MULTIHOST_ALGORITHM")
     steps, started = 0, time.monotonic()
     try:
         while time.monotonic() - started < 4 * TIMEOUT:
-            comm.all_reduce(t)
+            comm.all_reduce(t, algorithm=algorithm)
             steps += 1
             if os.environ.get("MULTIHOST_READY") and steps == 20:
                 open(os.environ["MULTIHOST_READY"] + f".{comm.rank}", "w").close()
@@ -118,7 +154,7 @@ def main():
     dist.init_process_group("gloo")
     comm = ringcomm.Communicator(timeout=TIMEOUT)
     result = {"rank": comm.rank, "host": os.uname().nodename}
-    result.update({"sweep": sweep, "ddp": ddp, "failure": failure}[mode](comm))
+    result.update({"sweep": sweep, "doubling": doubling, "ddp": ddp, "failure": failure}[mode](comm))
     os.write(1, ("RESULT " + json.dumps(result) + "\n").encode())  # one write: lines never mix
     sys.stderr.write(f"rank {comm.rank}: closing\n")
     comm.close()

@@ -19,6 +19,7 @@ enum class Algorithm : int32_t {
   OneShot,
   TwoShot,
   Auto,
+  RecursiveDoubling,
 };
 
 struct AlgorithmInfo {
@@ -43,6 +44,15 @@ struct AlgorithmInfo {
 // chosen"): one_shot all_reduce beat the ring at small sizes; two_shot and the one-hop halves
 // never beat it beyond the noise there, so auto leaves them off (0). A host with a core
 // per rank sets its own from bench/tune.py (RINGCOMM_<NAME>_MAX_BYTES).
+// recursive_doubling (all_reduce, over a transport that reaches every peer: between hosts): the
+// whole tensor exchanged with rank r xor 2^k for k = 0..log2(P)-1, P the largest power of two
+// up to N; the N-P ranks above P first hand theirs to rank r-P and get the result back last.
+// log2(P) (+2) latencies against the ring's 2(N-1), each moving the whole tensor. Its
+// threshold: the alpha-beta model's crossover against the ring, each fitted on emulated hosts
+// (docs/benchmarks.md, "Between hosts: by size"), at 3 hosts, where recursive doubling gains
+// least (two extra rounds of the whole tensor; ~31 KB there, far more at 8), rounded down to a
+// power of two, so that auto never picks the slower of the two at any host count.
+inline constexpr size_t kRecursiveDoublingMaxBytes = 16 * 1024;
 inline constexpr uint32_t kOneHopCollectives = collectiveBit(Collective::AllReduce) |
                                               collectiveBit(Collective::ReduceScatter) |
                                               collectiveBit(Collective::AllGather);
@@ -53,6 +63,8 @@ inline constexpr AlgorithmInfo kAlgorithms[] = {
      "all_reduce on 3 ranks or more; reduce_scatter and all_gather run one_shot, two_shot's "
      "halves, up to it"},
     {Algorithm::Auto, "auto", plannedCollectives(), false, std::nullopt, nullptr},
+    {Algorithm::RecursiveDoubling, "recursive_doubling", collectiveBit(Collective::AllReduce),
+     false, kRecursiveDoublingMaxBytes, "all_reduce on transports that reach every peer (TCP)"},
 };
 static_assert(inEnumOrder(kAlgorithms, [](const AlgorithmInfo& r) { return r.algorithm; }));
 
@@ -79,11 +91,19 @@ class AlgorithmThresholds {
 
 // The algorithm Auto runs. `bytes`: the whole tensor of an all_reduce, the input of a
 // reduce_scatter, the output of an all_gather. The ring for everything else, for one rank, and
-// on transports without publications (`publications`: Transport::publishBytes() > 0).
-// bench/tune.py asks this same function.
+// on transports without publications (`publications`: Transport::publishBytes() > 0), but for
+// recursive_doubling all_reduce on those that reach every peer (`reachesEveryPeer`:
+// Transport::reachesEveryPeer()). bench/tune.py asks this same function.
 inline Algorithm chooseAlgorithm(Collective collective, size_t bytes, int worldSize,
-                                 bool publications, const AlgorithmThresholds& thresholds) {
-  if (worldSize == 1 || !publications) return Algorithm::Ring;
+                                 bool publications, const AlgorithmThresholds& thresholds,
+                                 bool reachesEveryPeer = false) {
+  if (worldSize == 1) return Algorithm::Ring;
+  if (!publications) {
+    const bool fewerHops = collective == Collective::AllReduce && reachesEveryPeer;
+    return fewerHops && bytes <= thresholds[Algorithm::RecursiveDoubling]
+               ? Algorithm::RecursiveDoubling
+               : Algorithm::Ring;
+  }
   // At 2 ranks the ring already takes two_shot's two hops (one for reduce_scatter and
   // all_gather) and copies less: only one_shot all_reduce saves a hop there.
   const bool oneHopSavesAHop = worldSize > 2;

@@ -43,7 +43,7 @@ struct CollectiveRequest {
   DataType type = DataType::Float32;
   RedOp op = RedOp::Sum;  // collectives that reduce
   int root = 0;           // rooted collectives: src (broadcast, scatter) or dst (reduce, gather)
-  // Ring, OneShot, TwoShot (kAlgorithms says which collectives each plans) or Auto
+  // Ring, OneShot, TwoShot, RecursiveDoubling (kAlgorithms says which collectives each plans) or Auto
   // (chooseAlgorithm with the options' thresholds). Every rank must pass the same.
   Algorithm algorithm = Algorithm::Ring;
   // What travels between ranks, where kCollectives allows a wire (all_reduce): float16 or
@@ -123,7 +123,9 @@ class Communicator {
   // all_reduce, reduce_scatter and all_gather run in two levels over them
   // (csrc/core/two_level.cc) while every other call runs on this communicator's own ring.
   // hostRanks[h][i]: the rank of host h's i-th rank in this communicator (local is host h's,
-  // in that order; cross has host h's member as its rank h). Every host has as many ranks.
+  // in that order; cross has host h's member as its rank h). Hosts of unequal rank counts:
+  // `cross` joins each host's first rank (its leader) and is null on the others, and only
+  // all_reduce runs in two levels (reduce to the leader, between leaders, broadcast).
   // A host path: buffers are host memory.
   void setLevels(std::shared_ptr<Communicator> local, std::shared_ptr<Communicator> cross,
                  std::vector<std::vector<int>> hostRanks);
@@ -161,19 +163,26 @@ class Communicator {
     const char* where;  // "inside this host", for errors
   };
   bool runsInTwoLevels(const CollectiveRequest& request) const;
+  // The algorithm a request runs with on this communicator's own ring when it has levels: an
+  // algorithm between hosts (recursive_doubling) takes the ring there.
+  Algorithm flatAlgorithm(Algorithm requested) const;
   void allReduceInTwoLevels(const CollectiveRequest& request);
+  void allReduceThroughLeaders(const CollectiveRequest& request);  // uneven hosts
   void reduceScatterInTwoLevels(const CollectiveRequest& request);
   void allGatherInTwoLevels(const CollectiveRequest& request);
-  // Copies blocks of `blockBytes` between rank order (block r is rank r's) and group order
-  // (host h's i-th rank's block at i * H + h: the blocks of each local index together).
-  void reorderBlocks(char* to, const char* from, size_t blockBytes, bool toGroups);
-  // The scratch for a request's blocks in group order, and this rank's group in it.
-  struct GroupedBlocks {
-    size_t hosts = 0, block = 0;  // block: bytes of one rank's block
+  // Copies piece [offset, offset + bytes) of every rank's block of `blockBytes` between rank
+  // order in `ranks` and group order in `groups` (host h's i-th rank's piece at (i * H + h) *
+  // bytes: the pieces of each local index together).
+  void reorderPiece(char* groups, char* ranks, size_t blockBytes, size_t offset, size_t bytes,
+                    bool toGroups);
+  // A two-level reduce_scatter or all_gather in pieces: elements [first, first + count) of
+  // every block, their group order in the scratch (`groups`), this rank's group in it (`mine`).
+  struct BlockPiece {
+    size_t first = 0, count = 0;
     char* groups = nullptr;
     char* mine = nullptr;
   };
-  GroupedBlocks groupedBlocks(const CollectiveRequest& request);
+  std::vector<BlockPiece> blockPieces(const CollectiveRequest& request);
   // Runs `part` on `level`, naming the level and its ranks in any error.
   void runInLevel(const Level& level, const CollectiveRequest& part);
   // begin(stream, call), body, end(); on failure records it and aborts the transport.
@@ -217,6 +226,7 @@ class Communicator {
   std::shared_ptr<Transport> links_;
   Level local_{nullptr, {}, "inside this host"}, cross_{nullptr, {}, "between hosts"};
   std::vector<std::vector<int>> hostRanks_;
+  bool unevenHosts_ = false;  // hosts of unequal rank counts: one level between their leaders
   // Shared with a device transport, which marks calls done from its own thread.
   std::shared_ptr<FlightRecorder> recorder_ = std::make_shared<FlightRecorder>();
   FlightRecorder::Entry* current_ = nullptr;  // the running call's entry (the data thread's)

@@ -148,6 +148,9 @@ class Transport {
   virtual void forward(int from, int to, const Envelope& envelope);
   // Gives the slot of the message from acquireRecv back to `peer`.
   virtual void releaseRecv(int peer) = 0;
+  // Whether acquireSend/acquireRecv take any peer, not only the ring's neighbours (TCP's
+  // sockets do): recursive_doubling needs it.
+  virtual bool reachesEveryPeer() const { return false; }
   // Makes every peer's pending and future waits on this transport fail promptly.
   virtual void abort(const std::string& why) = 0;
 
