@@ -26,6 +26,6 @@ def all_reduce_bounds(rate, hosts, world):
 
 def describe(text, hosts, world):
     bounds = all_reduce_bounds(rate_bytes(text), hosts, world)
-    return (f"# link {text} per host and direction, {hosts} hosts x {world // hosts} ranks: "
+    return (f"# link {text} per host and direction, {world} ranks on {hosts} hosts: "
             f"all_reduce busbw bound {bounds['two-level']:.3f} GB/s two-level (ringcomm), "
             f"{bounds['flat ring']:.3f} GB/s flat ring (gloo)")

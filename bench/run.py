@@ -251,7 +251,9 @@ def worker(rank, world, args, init_method):
             print(f"# core-to-core round trip: {round_trip.describe()}; also after every round",
                   flush=True)
         if args.link_rate:
-            hosts = world // int(os.environ.get("LOCAL_WORLD_SIZE", world))
+            # torchrun's node count (hosts may run different numbers of ranks)
+            hosts = int(os.environ.get("GROUP_WORLD_SIZE") or
+                        world // int(os.environ.get("LOCAL_WORLD_SIZE", world)))
             print(link_bound.describe(args.link_rate, hosts, world), flush=True)
         if args.baseline == "mpi":
             print(mpi_world.describe(), flush=True)
