@@ -86,7 +86,9 @@ class Collective:
     bus_factor: Callable[[int], float]  # busbw = algbw * factor(n), algbw from the full size
     has_op: bool
     has_root: bool
-    ringcomm: Callable  # (comm, bufs, op_name, root, **keywords for the Communicator call)
+    # (comm, bufs, op_name, root[, algorithm=]): positional, as the baselines call theirs (a
+    # **keywords pass-through costs a small call ~0.3 us)
+    ringcomm: Callable
     torch: Callable  # (bufs, torch_op, root, group)
     # (pattern, rank, n, p, root) -> expected output of this rank, or None where it is unspecified
     expected: Callable
@@ -153,41 +155,43 @@ def _ring(n):
 COLLECTIVES = {c.name: c for c in [
     Collective(
         "all_reduce", "same", lambda n: 2 * (n - 1) / n, True, False,
-        ringcomm=lambda comm, b, op, root, **kw: comm.all_reduce(b.recv, op=op, **kw),
+        ringcomm=lambda comm, b, op, root, algorithm=None: comm.all_reduce(
+            b.recv, op, algorithm=algorithm),
         torch=lambda b, op, root, g: dist.all_reduce(b.recv, op=op, group=g),
         expected=_reduced),
     Collective(
         "reduce_scatter", "scatter", _ring, True, False,
-        ringcomm=lambda comm, b, op, root, **kw: comm.reduce_scatter(
-            b.recv, b.send, op=op, **kw),
+        ringcomm=lambda comm, b, op, root, algorithm=None: comm.reduce_scatter(
+            b.recv, b.send, op, algorithm=algorithm),
         torch=lambda b, op, root, g: reduce_scatter_tensor(b.recv, b.send, op=op, group=g),
         expected=lambda pat, rank, n, p, root: pat.reduce(rank * p, p)),
     Collective(
         "all_gather", "gather", _ring, False, False,
-        ringcomm=lambda comm, b, op, root, **kw: comm.all_gather(b.recv, b.send, **kw),
+        ringcomm=lambda comm, b, op, root, algorithm=None: comm.all_gather(
+            b.recv, b.send, algorithm=algorithm),
         torch=lambda b, op, root, g: all_gather_tensor(b.recv, b.send, group=g),
         expected=_gathered),
     Collective(
         "broadcast", "same", lambda n: 1.0, False, True,
-        ringcomm=lambda comm, b, op, root, **kw: comm.broadcast(b.recv, src=root, **kw),
+        ringcomm=lambda comm, b, op, root: comm.broadcast(b.recv, root),
         torch=lambda b, op, root, g: dist.broadcast(b.recv, src=root, group=g),
         expected=lambda pat, rank, n, p, root: pat.values(root, 0, p)),
     Collective(
         "reduce", "same", lambda n: 1.0, True, True,
-        ringcomm=lambda comm, b, op, root, **kw: comm.reduce(b.recv, dst=root, op=op, **kw),
+        ringcomm=lambda comm, b, op, root: comm.reduce(b.recv, root, op),
         torch=lambda b, op, root, g: dist.reduce(b.recv, dst=root, op=op, group=g),
         expected=_at_root(_reduced)),
     Collective(
         "gather", "gather", _ring, False, True,
-        ringcomm=lambda comm, b, op, root, **kw: comm.gather(
-            b.recv if b.rank == root else None, b.send, dst=root, **kw),
+        ringcomm=lambda comm, b, op, root: comm.gather(
+            b.recv if b.rank == root else None, b.send, root),
         torch=lambda b, op, root, g: dist.gather(b.send, b.blocks if b.rank == root else None,
                                                  dst=root, group=g),
         expected=_at_root(_gathered)),
     Collective(
         "scatter", "scatter", _ring, False, True,
-        ringcomm=lambda comm, b, op, root, **kw: comm.scatter(
-            b.recv, b.send if b.rank == root else None, src=root, **kw),
+        ringcomm=lambda comm, b, op, root: comm.scatter(
+            b.recv, b.send if b.rank == root else None, root),
         torch=lambda b, op, root, g: dist.scatter(b.recv, b.blocks if b.rank == root else None,
                                                   src=root, group=g),
         expected=lambda pat, rank, n, p, root: pat.values(root, rank * p, p)),

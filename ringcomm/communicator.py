@@ -76,9 +76,6 @@ class Communicator:
         self._router = Router(rendezvous, self.options, self._recorder)
         self._p2p = PointToPoint(self._router, self.rank, self.world_size, self.timeout,
                                  self.debug)
-        # all_reduce's way in: the checked route, until the CPU ring's builtin takes its place
-        # (the first call made once the ring is set up installs it; see _checked_all_reduce).
-        self._all_reduce = Communicator._checked_all_reduce
 
     @classmethod
     def from_store(cls, store, rank, world_size, timeout=None, **options):
@@ -112,12 +109,6 @@ class Communicator:
 
             comm.all_reduce(grad, op="avg", wire_dtype=torch.bfloat16)
         """
-        return self._all_reduce(self, tensor, op, async_op, wire_dtype, algorithm, replay_tag)
-
-    def _checked_all_reduce(self, tensor, op, async_op, wire_dtype, algorithm, replay_tag):
-        """all_reduce by the router's way (its arguments checked and converted here), for every
-        call the CPU ring's builtin does not run itself: anything but a plain numpy array with
-        nothing more asked, and every call until that builtin is installed."""
         if algorithm is None:
             algorithm = self._default_algorithms["all_reduce"]
         else:
@@ -126,10 +117,13 @@ class Communicator:
         tag = -1 if replay_tag is None else checks.replay_tag(replay_tag)
         result = self._router.run_in_place(_ALL_REDUCE, tensor, to_c_op(op), 0, algorithm, wire,
                                            async_op, tag)
-        if self._all_reduce is Communicator._checked_all_reduce:
-            self._all_reduce = self._router.all_reduce_entry(
-                Communicator._checked_all_reduce, self._default_algorithms["all_reduce"]
-            ) or Communicator._checked_all_reduce
+        if "all_reduce" not in self.__dict__ and type(self).all_reduce is Communicator.all_reduce:
+            # The CPU ring's builtin takes this method's place on this communicator (once the
+            # ring is set up): it runs the plain calls itself and hands the rest back here.
+            entry = self._router.all_reduce_entry(self, Communicator.all_reduce,
+                                                  self._default_algorithms["all_reduce"])
+            if entry is not None:
+                self.all_reduce = entry
         return result
 
     @traced("reduce_scatter")
@@ -388,7 +382,7 @@ class Communicator:
 
     def close(self):
         """Releases shared memory, device resources and the worker thread; idempotent."""
-        self._all_reduce = Communicator._checked_all_reduce  # the builtin holds the ring
+        self.__dict__.pop("all_reduce", None)  # all_reduce's builtin, which holds the ring
         self._router.close()
 
     def __enter__(self):

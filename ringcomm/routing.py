@@ -109,19 +109,21 @@ class Router:
             data = buf
         return self.route(request, buf, data, array, async_op, replay_tag)
 
-    def all_reduce_entry(self, fallback, algorithm):
+    def all_reduce_entry(self, owner, fallback, algorithm):
         """The CPU ring's builtin for ``Communicator.all_reduce``
         (``_C.Communicator.all_reduce_entry``): it runs a call on a plain numpy array or a
-        contiguous CPU torch.Tensor that asks nothing more (as :meth:`run_in_place`'s fast branch would: under this router's lock,
-        while the ring is open and no queued call is ahead, unless a trace or profiler watches)
-        and hands any other call to ``fallback``; `algorithm`: what a call without one runs.
+        contiguous CPU torch.Tensor that asks nothing more (as :meth:`run_in_place`'s fast
+        branch would: under this router's lock, while the ring is open and no queued call is
+        ahead, unless a trace or profiler watches) and hands any other call to
+        ``fallback(owner, *args, **kwargs)`` (`owner`, the communicator, held weakly);
+        `algorithm`: what a call without one runs.
         None while no CPU ring is open, or when every call is checked. Takes no lock: an
         asynchronous call's worker may hold it for as long as its collective waits."""
         comm = self._cpu
         if comm is None or self._checked:
             return None
         return comm.all_reduce_entry(
-            algorithm, fallback, self._lock, self._queue, on_worker, (self, "_cpu"),
+            algorithm, owner, fallback, self._lock, self._queue, on_worker, (self, "_cpu"),
             ((log, "tracing"), (_torch_profiler, "_is_profiler_enabled")), torch.Tensor,
             TORCH_C_DTYPES)
 

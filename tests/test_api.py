@@ -1,7 +1,10 @@
 """The Python surface: op names, options, build info, async handles, the 16-bit wire, the schedule
 view."""
 import dataclasses
+import gc
+import inspect
 import os
+import weakref
 
 import numpy as np
 import pytest
@@ -208,9 +211,11 @@ def entry_calls(rank, n):
     """all_reduce once the ring's entry is installed: what it runs itself, what it hands on."""
     comm = ringcomm.Communicator(timeout=30)
     first = np.full(3, rank + 1, dtype=np.int32)
-    comm.all_reduce(first)  # the ring is set up by now: the entry takes the next calls
-    entry = comm._all_reduce
+    comm.all_reduce(first)  # the ring is set up by now: the entry takes the method's place
+    entry = comm.all_reduce
     assert type(entry).__name__ == "builtin_function_or_method", entry
+    assert str(inspect.signature(entry)) == str(inspect.signature(comm.__class__.all_reduce)
+                                                ).replace("self, ", "")
     got = {"first": first}
     # Run by the entry itself: plain arrays and tensors, ops by name or _C member.
     got["numpy"] = comm.all_reduce(np.full(5, rank + 1.0, dtype=np.float64))
@@ -222,6 +227,7 @@ def entry_calls(rank, n):
     got["param"] = comm.all_reduce(torch.nn.Parameter(torch.ones(4), requires_grad=False))
     got["wire"] = comm.all_reduce(torch.ones(6), wire_dtype=torch.bfloat16)
     got["ring"] = comm.all_reduce(torch.ones(9), algorithm="ring")
+    got["keywords"] = comm.all_reduce(tensor=np.ones(2), op="max", async_op=False, algorithm=None)
     work = comm.all_reduce(np.ones(4, dtype=np.float32), async_op=True)
     after = comm.all_reduce(np.ones(4, dtype=np.float32))  # waits behind the queued call
     work.wait()
@@ -230,14 +236,30 @@ def entry_calls(rank, n):
         comm.all_reduce(torch.ones(4, 2).t())
     with pytest.raises(ValueError, match="unsupported reduction op 'plus'"):
         comm.all_reduce(np.ones(2, dtype=np.float32), "plus")
-    with pytest.raises(TypeError):
-        entry(comm, np.ones(2, dtype=np.float32))  # the entry's own arguments are checked
-    assert comm._all_reduce is entry
+    # Arguments the method would refuse get the method's own errors.
+    with pytest.raises(TypeError, match="positional"):
+        entry(np.ones(2, dtype=np.float32), "sum", False)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        entry(np.ones(2, dtype=np.float32), bogus=1)
+    with pytest.raises(TypeError, match="multiple values"):
+        entry(np.ones(2, dtype=np.float32), "sum", op="max")
+    assert comm.all_reduce is entry
     comm.close()
+    assert comm.all_reduce != entry  # the method again
     with pytest.raises(ringcomm._C.RingcommError, match="closed"):
         comm.all_reduce(np.ones(2, dtype=np.float32))
     with pytest.raises(ringcomm._C.RingcommError, match="closed"):
-        entry(comm, np.ones(2, dtype=np.float32), "sum", False, None, None, None)
+        entry(np.ones(2, dtype=np.float32))
+    # The entry holds its communicator weakly: a dropped communicator is freed, and an entry
+    # kept beyond it says so.
+    other = ringcomm.Communicator(timeout=30)
+    other.all_reduce(np.ones(2))
+    kept, gone = other.all_reduce, weakref.ref(other)
+    del other
+    gc.collect()
+    assert gone() is None
+    with pytest.raises(ReferenceError, match="gone"):
+        kept(np.ones(2), async_op=True)
     return {name: a.tolist() for name, a in got.items()}
 
 
@@ -249,6 +271,7 @@ def test_all_reduce_entry_runs_plain_calls_and_hands_the_rest_to_the_checked_rou
         assert got["upper"] == [4.0] * 3 and got["enum"] == [n + 4.0] * 3
         assert got["param"] == [2.0] * 4 and got["wire"] == [2.0] * 6
         assert got["ring"] == [2.0] * 9 and got["async"] == [2.0] * 4
+        assert got["keywords"] == [1.0] * 2
 
 
 def test_schedule_is_exported():

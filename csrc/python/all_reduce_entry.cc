@@ -1,11 +1,14 @@
-// Communicator.all_reduce's entry once its CPU ring is set up: one builtin that runs the common
-// call itself (a plain numpy array or contiguous CPU torch tensor, the op by name or member,
-// nothing else asked, no trace or profiler listening, no queued call ahead) under the router's lock, and hands every other call,
-// as it came, to the checked route: the communicator's Python method. Making the same decision
-// in Python costs about a microsecond, as much as a small all_reduce between two cores.
+// Communicator.all_reduce's entry once its CPU ring is set up: one builtin, set on the
+// communicator itself in place of the method, that runs the common call (a plain numpy array or
+// contiguous CPU torch tensor, the op by name or member, nothing else asked, no trace or
+// profiler listening, no queued call ahead) under the router's lock, and hands every other call,
+// as it came, to the method: the checked route. Making the same decision in Python, or even
+// entering a Python frame, costs a fair part of a small all_reduce between two cores.
 #include <Python.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
+#include <array>
 #include <memory>
 #include <optional>
 #include <string_view>
@@ -25,8 +28,8 @@ constexpr const char* kCapsule = "ringcomm.AllReduceEntry";
 struct Entry {
   std::shared_ptr<Communicator> comm;
   Algorithm algorithm;  // what a call without algorithm= runs
-  // (communicator, tensor, op, async_op, wire_dtype, algorithm, replay_tag): the checked route.
-  py::object fallback;
+  py::object owner;     // a weak reference to the Python communicator (it holds this entry)
+  py::object fallback;  // Communicator.all_reduce, the checked route: (owner, *args, **kwargs)
   py::object acquire, release, queue, onWorker, last;  // the router's lock, queue, "last"
   py::object tensorType, tensorDtypes;  // torch.Tensor; {torch dtype: _C.DataType}
   std::pair<py::object, py::object> ring;  // (owner, name): set while the ring is open
@@ -140,45 +143,101 @@ bool unlock(Entry& e) {
   return done != nullptr;
 }
 
-PyObject* allReduce(PyObject* self, PyObject* const* args, Py_ssize_t n) {
-  Entry& e = held(self);
-  if (n != 7) {
-    PyErr_Format(PyExc_TypeError, "all_reduce entry takes 7 arguments, got %zd", n);
+// The keywords a plain call may give, each with the one value that asks nothing more.
+struct Keyword {
+  PyObject* name;
+  PyObject* plain;  // Py_False or Py_None; nullptr: `op`, read as the op
+};
+const std::array<Keyword, 5>& keywords() {
+  static const std::array<Keyword, 5> table{
+      Keyword{PyUnicode_InternFromString("op"), nullptr},
+      Keyword{PyUnicode_InternFromString("async_op"), Py_False},
+      Keyword{PyUnicode_InternFromString("wire_dtype"), Py_None},
+      Keyword{PyUnicode_InternFromString("algorithm"), Py_None},
+      Keyword{PyUnicode_InternFromString("replay_tag"), Py_None}};
+  return table;
+}
+
+// The op of a call that asks nothing more than (tensor[, op]) of all_reduce, found among its
+// arguments; false for any other call (extra arguments, other values, unknown keywords).
+bool plainCall(PyObject* const* args, Py_ssize_t n, PyObject* kwnames, RedOp& op) {
+  if (n < 1 || n > 2) return false;
+  PyObject* given = n == 2 ? args[1] : nullptr;
+  const Py_ssize_t named = kwnames == nullptr ? 0 : PyTuple_GET_SIZE(kwnames);
+  for (Py_ssize_t i = 0; i < named; ++i) {
+    PyObject* name = PyTuple_GET_ITEM(kwnames, i);
+    PyObject* value = args[n + i];
+    const Keyword* match = nullptr;
+    for (const Keyword& k : keywords())
+      if (k.name == name) match = &k;  // the call site's names are interned: found by identity
+    for (const Keyword& k : keywords())
+      if (match == nullptr && PyUnicode_Compare(k.name, name) == 0) match = &k;
+    if (match == nullptr) return false;
+    if (match->plain == nullptr) {
+      if (given != nullptr) return false;  // op twice: Python's own error, from the method
+      given = value;
+    } else if (value != match->plain) {
+      return false;
+    }
+  }
+  if (given == nullptr) return op = RedOp::Sum, true;
+  return plainOp(given, op);
+}
+
+// The method's call, with the arguments as they came: (owner, *args, **kwargs).
+PyObject* handOn(Entry& e, PyObject* const* args, Py_ssize_t n, PyObject* kwnames) {
+  PyObject* owner = PyWeakref_GetObject(e.owner.ptr());  // borrowed
+  if (owner == nullptr) return nullptr;
+  if (owner == Py_None) {
+    PyErr_SetString(PyExc_ReferenceError, "this all_reduce's ringcomm communicator is gone");
     return nullptr;
   }
-  PyObject* array = args[1];
+  const Py_ssize_t total = n + (kwnames == nullptr ? 0 : PyTuple_GET_SIZE(kwnames));
+  std::vector<PyObject*> all(total + 1);
+  all[0] = owner;
+  std::copy(args, args + total, all.begin() + 1);
+  Py_INCREF(owner);
+  PyObject* result = PyObject_Vectorcall(e.fallback.ptr(), all.data(), n + 1, kwnames);
+  Py_DECREF(owner);
+  return result;
+}
+
+PyObject* allReduce(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  Entry& e = held(self);
+  const Py_ssize_t n = PyVectorcall_NARGS(nargsf);
   RedOp op;
-  const bool nothingAsked = args[3] == Py_False && args[4] == Py_None && args[5] == Py_None &&
-                            args[6] == Py_None && plainOp(args[2], op);
   std::optional<CollectiveRequest> request;
-  if (nothingAsked) {
+  if (plainCall(args, n, kwnames, op)) {
     const int watched = observed(e);
     if (watched < 0) return nullptr;
     if (!watched) {
-      request = plainArrayRequest(array, Collective::AllReduce, op, 0, e.algorithm);
-      if (!request) request = tensorRequest(e, array, op);
+      request = plainArrayRequest(args[0], Collective::AllReduce, op, 0, e.algorithm);
+      if (!request) request = tensorRequest(e, args[0], op);
       if (PyErr_Occurred()) return nullptr;
     }
   }
-  if (!request) return PyObject_Vectorcall(e.fallback.ptr(), args, n, nullptr);
+  if (!request) return handOn(e, args, n, kwnames);
   PyObject* locked = PyObject_CallNoArgs(e.acquire.ptr());
   if (locked == nullptr) return nullptr;
   Py_DECREF(locked);
   const int now = open(e);
   if (now <= 0) {
     if (!unlock(e) || now < 0) return nullptr;
-    return PyObject_Vectorcall(e.fallback.ptr(), args, n, nullptr);
+    return handOn(e, args, n, kwnames);
   }
   const bool ran = runReleased(*e.comm, *request);
   if (!unlock(e) || !ran) return nullptr;
-  Py_INCREF(array);
-  return array;
+  Py_INCREF(args[0]);
+  return args[0];
 }
 
 PyMethodDef kAllReduce = {
-    "all_reduce_entry", reinterpret_cast<PyCFunction>(allReduce), METH_FASTCALL,
-    "(communicator, tensor, op, async_op, wire_dtype, algorithm, replay_tag) -> tensor: "
-    "Communicator.all_reduce, run here when nothing more is asked of it, else by `fallback`"};
+    "all_reduce", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(allReduce)),
+    METH_FASTCALL | METH_KEYWORDS,
+    "all_reduce(tensor, op='sum', *, async_op=False, wire_dtype=None, algorithm=None, "
+    "replay_tag=None)\n--\n\n"
+    "Communicator.all_reduce on this communicator's CPU ring: a call that asks nothing more "
+    "runs here at once, any other goes to the method as it came (see its documentation)."};
 
 // (owner, attribute name) with the name interned: read on every call.
 std::pair<py::object, py::object> attribute(const py::tuple& pair) {
@@ -191,11 +250,14 @@ std::pair<py::object, py::object> attribute(const py::tuple& pair) {
 }  // namespace
 
 py::object allReduceEntry(std::shared_ptr<Communicator> comm, Algorithm algorithm,
-                          py::object fallback, py::object lock, py::object queue,
+                          py::object owner, py::object fallback, py::object lock, py::object queue,
                           py::object onWorker, py::tuple ring, py::tuple observers,
                           py::object tensorType, py::dict tensorDtypes) {
   auto e = std::make_unique<Entry>();
-  *e = Entry{std::move(comm), algorithm, std::move(fallback), lock.attr("acquire"),
+  PyObject* weak = PyWeakref_NewRef(owner.ptr(), nullptr);
+  if (weak == nullptr) throw py::error_already_set();
+  *e = Entry{std::move(comm), algorithm, py::reinterpret_steal<py::object>(weak),
+             std::move(fallback), lock.attr("acquire"),
              lock.attr("release"), std::move(queue), std::move(onWorker),
              attribute(py::make_tuple(py::none(), "last")).second, std::move(tensorType),
              std::move(tensorDtypes), attribute(ring), {}};

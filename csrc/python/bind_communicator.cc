@@ -64,7 +64,8 @@ void bindCollectives(ClassOfComm& comm) {
       .def("in_place_runners", &inPlaceRunners,
            "(run_array, run_address): builtins bound to this communicator that run an in-place "
            "collective with plain integer arguments, the hot path's entry (in_place_runners.cc)")
-      .def("all_reduce_entry", &allReduceEntry, py::arg("algorithm"), py::arg("fallback"),
+      .def("all_reduce_entry", &allReduceEntry, py::arg("algorithm"), py::arg("owner"),
+           py::arg("fallback"),
            py::arg("lock"), py::arg("queue"), py::arg("on_worker"), py::arg("ring"),
            py::arg("observers"), py::arg("tensor_type"), py::arg("tensor_dtypes"),
            "Communicator.all_reduce's entry on this ring: runs a call that asks nothing more at "
