@@ -117,13 +117,7 @@ class Communicator:
         tag = -1 if replay_tag is None else checks.replay_tag(replay_tag)
         result = self._router.run_in_place(_ALL_REDUCE, tensor, to_c_op(op), 0, algorithm, wire,
                                            async_op, tag)
-        if "all_reduce" not in self.__dict__ and type(self).all_reduce is Communicator.all_reduce:
-            # The CPU ring's builtin takes this method's place on this communicator (once the
-            # ring is set up): it runs the plain calls itself and hands the rest back here.
-            entry = self._router.all_reduce_entry(self, Communicator.all_reduce,
-                                                  self._default_algorithms["all_reduce"])
-            if entry is not None:
-                self.all_reduce = entry
+        self._take_entry("all_reduce", _ALL_REDUCE, self._default_algorithms["all_reduce"])
         return result
 
     @traced("reduce_scatter")
@@ -166,7 +160,20 @@ class Communicator:
             comm.broadcast(weights, src=0)
         """
         checks.root(src, "src", self.world_size)
-        return self._router.run_in_place(_BROADCAST, tensor, _SUM, src, _RING, None, async_op)
+        result = self._router.run_in_place(_BROADCAST, tensor, _SUM, src, _RING, None, async_op)
+        self._take_entry("broadcast", _BROADCAST, _RING)
+        return result
+
+    def _take_entry(self, name, collective, algorithm):
+        """Once the CPU ring is set up, its builtin for the method `name` takes the method's
+        place on this communicator: it runs the plain calls itself (no Python frame) and hands
+        the rest back to the method (Router.in_place_entry). Not on a subclass that overrides
+        the method."""
+        method = getattr(Communicator, name)
+        if name not in self.__dict__ and getattr(type(self), name) is method:
+            entry = self._router.in_place_entry(self, method, collective, algorithm)
+            if entry is not None:
+                setattr(self, name, entry)
 
     @traced("reduce")
     def reduce(self, tensor, dst=0, op="sum", *, async_op=False):
@@ -212,9 +219,8 @@ class Communicator:
         """Runs a collective that works in place (``_C.Collective.all_reduce`` or ``broadcast``)
         on ``array``, its other arguments as raw as the C++ core takes them (``_C`` enums, the
         root's rank); returns ``array``, or a Work with ``async_op``. What :meth:`all_reduce`
-        and :meth:`broadcast` run once they have read their keywords, and what the torch
-        backend calls: the fast way of small calls (:meth:`ringcomm.routing.Router.run_in_place`
-        says how)."""
+        and :meth:`broadcast` run once they have read their keywords (the calls their
+        builtins hand back: :meth:`ringcomm.routing.Router.in_place_entry`)."""
         return self._router.run_in_place(collective, array, op, root, algorithm, wire_dtype,
                                          async_op)
 
@@ -382,7 +388,8 @@ class Communicator:
 
     def close(self):
         """Releases shared memory, device resources and the worker thread; idempotent."""
-        self.__dict__.pop("all_reduce", None)  # all_reduce's builtin, which holds the ring
+        for name in ("all_reduce", "broadcast"):  # the builtins (_take_entry) hold the ring
+            self.__dict__.pop(name, None)
         self._router.close()
 
     def __enter__(self):

@@ -3,14 +3,13 @@ device, set up on first use), the lock they run under, the CPU ring, the queue o
 CPU calls, and whether the communicator was closed or aborted.
 
 A collective's request takes one of two ways: at once on the CPU ring when nothing more is asked
-of the call (:meth:`Router.try_run_now`, and the fast branch of :meth:`Router.run_in_place`,
-which inlines it), else the checked route (:meth:`Router.route`), which runs the
+of the call (:meth:`Router.try_run_now`, and the builtins of :meth:`Router.in_place_entry`,
+which take the place of ``Communicator.all_reduce`` and ``broadcast``), else the checked route (:meth:`Router.route`), which runs the
 ``debug``/``check_finite`` exchange and then, by one decision, runs the request now on the
 calling thread (on a device backend: on the caller's stream there) or queues it on the worker
 thread behind asynchronous work."""
 import threading
 
-import numpy as np
 import torch
 from torch.autograd import profiler as _torch_profiler
 
@@ -40,10 +39,8 @@ class Router:
         self._rendezvous, self._options, self._recorder = rendezvous, options, recorder
         self._backends = {}  # (device, index) -> _C.Communicator
         self._cpu = None  # the CPU ring's _C.Communicator once set up, until closed
-        self._run_array = self._run_address = None  # its in_place_runners(), the fast way's
         self._links = None  # the CPU ring's point-to-point links, set up on first use
         self._lock = threading.Lock()
-        self._acquire, self._release = self._lock.acquire, self._lock.release  # the fast way's
         self._queue = InOrderQueue()  # async_op collectives on CPU, in call order
         self._stats_base = {}  # backend -> collectives run before the last reset_stats
         self._closed = False
@@ -57,46 +54,14 @@ class Router:
     def run_in_place(self, collective, array, op=_SUM, root=0, algorithm=_RING, wire_dtype=None,
                      async_op=False, replay_tag=-1):
         """What ``Communicator.run_in_place`` runs (its all_reduce and broadcast call it here
-        directly): a collective that works in place, on ``array``; returns ``array``, or a Work
-        with ``async_op``.
-
-        The hot path is :meth:`try_run_now`'s, inlined: a contiguous, writable CPU torch tensor
-        or numpy array of a supported dtype, when nothing more is asked of the call, goes to the
-        ring at once through the ring's two builtins (``_C.Communicator.in_place_runners``, no
-        pybind dispatch): a tensor's address, count and dtype read straight into
-        ``run_address``'s arguments (a request object, a Buffer or one more call would each cost
-        a tenth of such a call or more), a numpy array handed to ``run_array`` as it is (numpy's
-        address costs Python more than the whole call). Anything else,
-        or what the hot path declines, is checked and routed as every collective is, its
-        request built once."""
+        directly, for every call their builtins hand back: see :meth:`in_place_entry`): a
+        collective that works in place, on ``array``, checked and routed as every collective is,
+        its request built once; returns ``array``, or a Work with ``async_op``."""
         if (log.tracing or _torch_profiler._is_profiler_enabled) and calls.wanted():
             name = "all_reduce" if collective == _ALL_REDUCE else "broadcast"
             arguments = (collective, array, op, root, algorithm, wire_dtype, async_op,
                          replay_tag)
             return calls.run(name, Router.run_in_place, self, arguments, {})
-        if not (async_op or self._checked or replay_tag >= 0):  # a tag: the checked route
-            kind = type(array)  # exact types first: isinstance on torch.Tensor costs ~0.1 us
-            numpy = wire_dtype is None and (kind is np.ndarray or
-                                            (kind is not torch.Tensor and
-                                             isinstance(array, np.ndarray)))
-            address = 0  # stays 0 unless `array` is a CPU tensor the ring can take as it is
-            if not numpy and (kind is torch.Tensor or isinstance(array, torch.Tensor)):
-                dtype = TORCH_C_DTYPES.get(array.dtype)
-                if dtype is not None and array.is_cpu and array.is_contiguous():
-                    address, count = array.data_ptr(), array.numel()
-            if numpy or address:
-                self._acquire()  # not `with`, which costs twice as much
-                try:
-                    if self._cpu is not None and (self._queue.last is None or on_worker()):
-                        # numpy's address, dtype and flags are read in C++ (much cheaper)
-                        if numpy and self._run_array(collective, array, op, root, algorithm):
-                            return array
-                        if address:
-                            self._run_address(collective, address, count, dtype, op, root,
-                                              algorithm, wire_dtype)
-                            return array
-                finally:
-                    self._release()
         buf = checks.writable(array, "tensor")
         if wire_dtype == buf.c_dtype:
             wire_dtype = None
@@ -109,23 +74,22 @@ class Router:
             data = buf
         return self.route(request, buf, data, array, async_op, replay_tag)
 
-    def all_reduce_entry(self, owner, fallback, algorithm):
-        """The CPU ring's builtin for ``Communicator.all_reduce``
-        (``_C.Communicator.all_reduce_entry``): it runs a call on a plain numpy array or a
-        contiguous CPU torch.Tensor that asks nothing more (as :meth:`run_in_place`'s fast
-        branch would: under this router's lock, while the ring is open and no queued call is
-        ahead, unless a trace or profiler watches) and hands any other call to
-        ``fallback(owner, *args, **kwargs)`` (`owner`, the communicator, held weakly);
-        `algorithm`: what a call without one runs.
-        None while no CPU ring is open, or when every call is checked. Takes no lock: an
-        asynchronous call's worker may hold it for as long as its collective waits."""
+    def in_place_entry(self, owner, method, collective, algorithm):
+        """The CPU ring's builtin for ``Communicator.all_reduce`` or ``broadcast``
+        (``_C.Communicator.in_place_entry``, `collective`): it runs a call on a plain numpy
+        array or a contiguous CPU torch.Tensor that asks nothing more (under this router's lock,
+        while the ring is open and no queued call is ahead, unless a trace or profiler watches)
+        and hands any other call to ``method(owner, *args, **kwargs)`` (`owner`, the
+        communicator, held weakly); `algorithm`: what a call without one runs. None while no
+        CPU ring is open, or when every call is checked. Takes no lock: an asynchronous call's
+        worker may hold it for as long as its collective waits."""
         comm = self._cpu
         if comm is None or self._checked:
             return None
-        return comm.all_reduce_entry(
-            algorithm, owner, fallback, self._lock, self._queue, on_worker, (self, "_cpu"),
-            ((log, "tracing"), (_torch_profiler, "_is_profiler_enabled")), torch.Tensor,
-            TORCH_C_DTYPES)
+        return comm.in_place_entry(
+            collective, algorithm, owner, method, self._lock, self._queue, on_worker,
+            (self, "_cpu"), ((log, "tracing"), (_torch_profiler, "_is_profiler_enabled")),
+            torch.Tensor, TORCH_C_DTYPES)
 
     def try_run_now(self, request):
         """What ``Communicator.try_run_now`` runs: a :class:`ringcomm.request.CollectiveRequest` on
@@ -229,7 +193,6 @@ class Router:
             comm = backend.create(self._rendezvous, index, self._options, ordinal)
             if device == "cpu":
                 self._cpu = comm  # the fast way's ring (see try_run_now)
-                self._run_array, self._run_address = comm.in_place_runners()
             self._backends[key] = comm
             log.set_up(self.rank, self.world_size, self._options, device, comm)
             self._recorder.watch(comm, self.flight_record)
@@ -294,7 +257,6 @@ class Router:
             self._recorder.write_or_warn(self.flight_record(), "closed")
         with self._lock:
             self._closed, self._cpu = True, None
-            self._run_array = self._run_address = None
             if self._links is not None:  # before the ring goes: see transport/shm.py's links
                 cpu = self._backends.get(("cpu", -1))
                 self._links.close(failed=cpu is None or bool(cpu.failure))

@@ -170,24 +170,20 @@ def numpy_calls(rank, n):
     for a in maxima.values():
         comm.all_reduce(a, op="max" if a.dtype != np.bool_ else "lor")
     comm.all_reduce(np.ones(0, dtype=np.float32))
-    # The hot path's two builtins take _C's enum members or their values, and refuse the rest
-    # before anything runs.
-    C = ringcomm._C
-    run_array, run_address = comm._router.communicator_for("cpu", -1).in_place_runners()
+    # Once the ring is set up, both collectives enter through builtins bound to it, which run
+    # plain calls themselves and hand the rest to the method, as they came.
+    assert type(comm.broadcast).__name__ == "builtin_function_or_method"
+    assert str(inspect.signature(comm.broadcast)) == "(tensor, src=0, *, async_op=False)"
     by_value = np.full(4, rank + 1.0, dtype=np.float32)
-    assert run_array(int(C.Collective.all_reduce), by_value, int(C.RedOp.sum), 0,
-                     int(C.Algorithm.ring)) is True
-    assert run_array(C.Collective.all_reduce, [1.0], C.RedOp.sum, 0, C.Algorithm.ring) is False
-    with pytest.raises(TypeError, match="op: expected ringcomm._C's enum or its value, got 'sum'"):
-        run_array(C.Collective.all_reduce, by_value, "sum", 0, C.Algorithm.ring)
-    with pytest.raises(TypeError, match="collective: expected .* got 99"):
-        run_address(99, by_value.ctypes.data, 4, C.DataType.float32, C.RedOp.sum, 0,
-                    C.Algorithm.ring, None)
-    with pytest.raises(TypeError, match="run_address takes 8 arguments, got 1"):
-        run_address(C.Collective.all_reduce)
+    comm.all_reduce(by_value, ringcomm._C.RedOp.sum)
     tensor = torch.full((3,), float(rank))
-    assert run_address(C.Collective.all_reduce, tensor.data_ptr(), 3, C.DataType.float32,
-                       C.RedOp.max, 0, C.Algorithm.ring, None) is True
+    comm.broadcast(tensor, n - 1)
+    comm.broadcast(tensor, src=n - 1, async_op=True).wait()  # handed on: a Work
+    for bad in (n, -1, 1.0):
+        with pytest.raises(ValueError, match=f"src={bad!r} is not a rank of this {n}-rank"):
+            comm.broadcast(tensor, bad)
+    with pytest.raises(TypeError, match="positional"):
+        comm.broadcast(tensor, 0, False)
     comm.close()
     return summed, copied, maxima, by_value, tensor
 

@@ -61,15 +61,12 @@ void bindCollectives(ClassOfComm& comm) {
            "Runs one collective, on the caller's thread or (device transports) stream: a "
            "CollectiveRequest, or its fields positionally (collective, output, input, count, "
            "dtype, op, root, algorithm, wire_dtype, stream)")
-      .def("in_place_runners", &inPlaceRunners,
-           "(run_array, run_address): builtins bound to this communicator that run an in-place "
-           "collective with plain integer arguments, the hot path's entry (in_place_runners.cc)")
-      .def("all_reduce_entry", &allReduceEntry, py::arg("algorithm"), py::arg("owner"),
-           py::arg("fallback"),
-           py::arg("lock"), py::arg("queue"), py::arg("on_worker"), py::arg("ring"),
-           py::arg("observers"), py::arg("tensor_type"), py::arg("tensor_dtypes"),
-           "Communicator.all_reduce's entry on this ring: runs a call that asks nothing more at "
-           "once, hands any other to `fallback` (all_reduce_entry.cc)")
+      .def("in_place_entry", &inPlaceEntry, py::arg("collective"), py::arg("algorithm"),
+           py::arg("owner"), py::arg("fallback"), py::arg("lock"), py::arg("queue"),
+           py::arg("on_worker"), py::arg("ring"), py::arg("observers"), py::arg("tensor_type"),
+           py::arg("tensor_dtypes"),
+           "Communicator.all_reduce's or broadcast's entry on this ring: runs a call that asks "
+           "nothing more at once, hands any other to `fallback` (in_place_entry.cc)")
       .def(
           "time_runs",
           [](Comm& c, const CollectiveRequest& request, int calls) {

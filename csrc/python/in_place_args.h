@@ -1,8 +1,7 @@
-// What the hot path's builtins (in_place_runners.cc, all_reduce_entry.cc) share: reading their
-// arguments without pybind's dispatcher, and running a request without the GIL. pybind matches
-// every overload's arguments and converts each enum through its type registry: ~1 us per call,
-// as much as a small all_reduce itself. Here enum members are found by identity and integers
-// read as they are, each checked against its table.
+// What the hot path's builtins (in_place_entry.cc) use: reading their arguments without
+// pybind's dispatcher, and running a request without the GIL (in_place_args.cc). pybind
+// matches every overload's arguments and converts each enum through its type registry: ~1 us
+// per call, as much as a small all_reduce itself. Here enum members are found by identity.
 #pragma once
 
 #include <Python.h>
@@ -10,7 +9,6 @@
 #include <pybind11/pybind11.h>
 
 #include <array>
-#include <cstdint>
 #include <iterator>
 #include <optional>
 #include <typeinfo>
@@ -19,10 +17,9 @@
 
 namespace ringcomm::python {
 
-// An enum argument's value. pybind's enum members are singletons (`_C.RedOp.sum` is always the
-// same object), so a member is found by identity in a few compares; any other instance, or a
-// plain int, is converted and checked against the table's size. False (Python error set) when
-// the argument is none of these.
+// An enum argument's members. pybind's enum members are singletons (`_C.RedOp.sum` is always
+// the same object), so a member is found by identity in a few compares; anything else is not a
+// plain argument (the method converts it, or says what is wrong with it).
 template <typename Enum, size_t N>
 class EnumArg {
  public:
@@ -42,37 +39,13 @@ class EnumArg {
     return false;
   }
 
-  bool operator()(PyObject* given, const char* what, Enum& out) const {
-    namespace py = pybind11;
-    if (member(given, out)) return true;
-    long value = -1;
-    if (PyLong_Check(given)) {
-      value = PyLong_AsLong(given);
-      if (value == -1 && PyErr_Occurred()) return false;
-    } else {
-      try {
-        value = static_cast<long>(py::cast<Enum>(py::handle(given)));
-      } catch (const py::cast_error&) {
-      }
-    }
-    if (value < 0 || value >= static_cast<long>(N)) {
-      PyErr_Format(PyExc_TypeError, "%s: expected ringcomm._C's enum or its value, got %R",
-                   what, given);
-      return false;
-    }
-    out = static_cast<Enum>(value);
-    return true;
-  }
-
  private:
   std::array<PyObject*, N> members_{};
 };
 
 struct EnumArgs {
-  EnumArg<Collective, std::size(kCollectives)> collective;
   EnumArg<DataType, std::size(kDataTypes)> dtype;
   EnumArg<RedOp, std::size(kRedOps)> op;
-  EnumArg<Algorithm, std::size(kAlgorithms)> algorithm;
 };
 
 // Made on first use, with the GIL (the enums are registered by then); lives as long as the module.

@@ -19,7 +19,6 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 from torch.autograd import profiler as _torch_profiler
 
-from .. import _C
 from ..communicator import Communicator
 from ..observe import calls, log
 from ..observe.calls import traced
@@ -33,8 +32,6 @@ from .tensors import Contiguous, concatenated, unflatten_into
 from .work import CudaWork, FutureWork, completed, finish
 
 NAME = "ringcomm"
-_BROADCAST = _C.Collective.broadcast
-_SUM = _C.RedOp.sum
 
 
 class RingcommBackend(c10d.Backend if BACKEND_PER_DEVICE else dist.ProcessGroup):
@@ -141,8 +138,8 @@ class RingcommBackend(c10d.Backend if BACKEND_PER_DEVICE else dist.ProcessGroup)
 
     def allreduce(self, tensors, opts=None):
         # The hot path (a contiguous CPU tensor of a supported dtype) goes straight into the
-        # C++ ring, unless the communicator's options ask for more; the rest takes the checked
-        # route (Communicator.run_in_place). Observed as calls.traced would, inline.
+        # C++ ring through the communicator's entry, unless its options ask for more; the rest
+        # takes the checked route. Observed as calls.traced would, inline.
         if (log.tracing or _torch_profiler._is_profiler_enabled) and calls.wanted():
             return calls.run("all_reduce", RingcommBackend.allreduce, self,
                              (tensors, opts), {})
@@ -173,10 +170,10 @@ class RingcommBackend(c10d.Backend if BACKEND_PER_DEVICE else dist.ProcessGroup)
         def body():
             for t in tensors:
                 if t.is_contiguous():
-                    comm.run_in_place(_BROADCAST, t, _SUM, root)
+                    comm.broadcast(t, root)  # the ring's entry takes a plain tensor
                 else:
                     with Contiguous(t) as c:
-                        comm.run_in_place(_BROADCAST, c, _SUM, root)
+                        comm.broadcast(c, root)
 
         return self._collective(opts, tensors, body)
 

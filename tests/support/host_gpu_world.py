@@ -34,12 +34,8 @@ class _Synchronized:
         value = getattr(self._comm, name)
         return _synchronizing(value) if name in _STREAM_ORDERED else value
 
-    def in_place_runners(self):
-        """The hot path's builtins, each returning once its collective has run."""
-        return tuple(_synchronizing(run) for run in self._comm.in_place_runners())
-
-    def all_reduce_entry(self, *args):
-        """None: Communicator.all_reduce keeps the router's way, whose builtins synchronize."""
+    def in_place_entry(self, *args):
+        """None: Communicator.all_reduce and broadcast keep their methods, which synchronize."""
         return None
 
 

@@ -1,9 +1,9 @@
-// Communicator.all_reduce's entry once its CPU ring is set up: one builtin, set on the
-// communicator itself in place of the method, that runs the common call (a plain numpy array or
-// contiguous CPU torch tensor, the op by name or member, nothing else asked, no trace or
-// profiler listening, no queued call ahead) under the router's lock, and hands every other call,
-// as it came, to the method: the checked route. Making the same decision in Python, or even
-// entering a Python frame, costs a fair part of a small all_reduce between two cores.
+// Communicator.all_reduce's and broadcast's entries once the CPU ring is set up: a builtin per
+// collective, set on the communicator itself in place of the method, that runs the common call
+// (a plain numpy array or contiguous CPU torch tensor, the op or root plain, nothing else asked,
+// no trace or profiler listening, no queued call ahead) under the router's lock, and hands every
+// other call, as it came, to the method: the checked route. Making the same decision in Python,
+// or even entering a Python frame, costs a fair part of a small collective between two cores.
 #include <Python.h>
 #include <pybind11/pybind11.h>
 
@@ -23,11 +23,20 @@ namespace py = pybind11;
 namespace ringcomm::python {
 namespace {
 
-constexpr const char* kCapsule = "ringcomm.AllReduceEntry";
+constexpr const char* kCapsule = "ringcomm.InPlaceEntry";
+
+// A keyword a plain call may give, with the one value that asks nothing more (nullptr: the
+// collective's own argument, `op` or `src`, read as such).
+struct Keyword {
+  PyObject* name;
+  PyObject* plain;
+};
 
 struct Entry {
   std::shared_ptr<Communicator> comm;
-  Algorithm algorithm;  // what a call without algorithm= runs
+  Collective collective;       // AllReduce or Broadcast
+  Algorithm algorithm;         // what a call without algorithm= runs
+  const std::vector<Keyword>* keywords;
   py::object owner;     // a weak reference to the Python communicator (it holds this entry)
   py::object fallback;  // Communicator.all_reduce, the checked route: (owner, *args, **kwargs)
   py::object acquire, release, queue, onWorker, last;  // the router's lock, queue, "last"
@@ -80,7 +89,7 @@ PyObject* callMethod(PyObject* object, PyObject* name) {
 // The in-place request on a torch.Tensor (not a subclass) that is on the CPU, contiguous and
 // non-empty, of a dtype the ring takes, read through the tensor's own methods (no torch headers
 // here); nullopt otherwise, or with a Python error set if one of them raised.
-std::optional<CollectiveRequest> tensorRequest(const Entry& e, PyObject* t, RedOp op) {
+std::optional<CollectiveRequest> tensorRequest(const Entry& e, PyObject* t, RedOp op, int root) {
   if (Py_TYPE(t) != reinterpret_cast<PyTypeObject*>(e.tensorType.ptr())) return std::nullopt;
   auto value = [&](PyObject* read) { return py::reinterpret_steal<py::object>(read); };
   const TensorNames& names = tensorNames();
@@ -99,8 +108,8 @@ std::optional<CollectiveRequest> tensorRequest(const Entry& e, PyObject* t, RedO
   void* data = PyLong_AsVoidPtr(address.ptr());
   const size_t elements = PyLong_AsSize_t(count.ptr());
   if (PyErr_Occurred() || elements == 0) return std::nullopt;
-  return CollectiveRequest{Collective::AllReduce, data, nullptr, elements, type, op, 0,
-                           e.algorithm, std::nullopt, 0};
+  return CollectiveRequest{e.collective, data, nullptr, elements, type, op, root, e.algorithm,
+                           std::nullopt, 0};
 }
 
 // Whether a trace or profiler wants to see every call. -1 on error.
@@ -143,24 +152,21 @@ bool unlock(Entry& e) {
   return done != nullptr;
 }
 
-// The keywords a plain call may give, each with the one value that asks nothing more.
-struct Keyword {
-  PyObject* name;
-  PyObject* plain;  // Py_False or Py_None; nullptr: `op`, read as the op
-};
-const std::array<Keyword, 5>& keywords() {
-  static const std::array<Keyword, 5> table{
-      Keyword{PyUnicode_InternFromString("op"), nullptr},
-      Keyword{PyUnicode_InternFromString("async_op"), Py_False},
-      Keyword{PyUnicode_InternFromString("wire_dtype"), Py_None},
-      Keyword{PyUnicode_InternFromString("algorithm"), Py_None},
-      Keyword{PyUnicode_InternFromString("replay_tag"), Py_None}};
-  return table;
+// A broadcast's root given as a plain int of the world: false for anything else (the method
+// says what is wrong with it).
+bool plainRoot(const Entry& e, PyObject* given, int& root) {
+  if (!PyLong_CheckExact(given)) return false;
+  const long value = PyLong_AsLong(given);
+  if (value == -1 && PyErr_Occurred()) return PyErr_Clear(), false;
+  if (value < 0 || value >= e.comm->worldSize()) return false;
+  return root = static_cast<int>(value), true;
 }
 
-// The op of a call that asks nothing more than (tensor[, op]) of all_reduce, found among its
-// arguments; false for any other call (extra arguments, other values, unknown keywords).
-bool plainCall(PyObject* const* args, Py_ssize_t n, PyObject* kwnames, RedOp& op) {
+// The op (all_reduce) or root (broadcast) of a call that asks nothing more than
+// (tensor[, op or src]) of the collective, found among its arguments; false for any other call
+// (extra arguments, other values, unknown keywords).
+bool plainCall(const Entry& e, PyObject* const* args, Py_ssize_t n, PyObject* kwnames, RedOp& op,
+               int& root) {
   if (n < 1 || n > 2) return false;
   PyObject* given = n == 2 ? args[1] : nullptr;
   const Py_ssize_t named = kwnames == nullptr ? 0 : PyTuple_GET_SIZE(kwnames);
@@ -168,20 +174,21 @@ bool plainCall(PyObject* const* args, Py_ssize_t n, PyObject* kwnames, RedOp& op
     PyObject* name = PyTuple_GET_ITEM(kwnames, i);
     PyObject* value = args[n + i];
     const Keyword* match = nullptr;
-    for (const Keyword& k : keywords())
+    for (const Keyword& k : *e.keywords)
       if (k.name == name) match = &k;  // the call site's names are interned: found by identity
-    for (const Keyword& k : keywords())
+    for (const Keyword& k : *e.keywords)
       if (match == nullptr && PyUnicode_Compare(k.name, name) == 0) match = &k;
     if (match == nullptr) return false;
     if (match->plain == nullptr) {
-      if (given != nullptr) return false;  // op twice: Python's own error, from the method
+      if (given != nullptr) return false;  // given twice: Python's own error, from the method
       given = value;
     } else if (value != match->plain) {
       return false;
     }
   }
-  if (given == nullptr) return op = RedOp::Sum, true;
-  return plainOp(given, op);
+  op = RedOp::Sum, root = 0;
+  if (given == nullptr) return true;
+  return e.collective == Collective::Broadcast ? plainRoot(e, given, root) : plainOp(given, op);
 }
 
 // The method's call, with the arguments as they came: (owner, *args, **kwargs).
@@ -202,17 +209,18 @@ PyObject* handOn(Entry& e, PyObject* const* args, Py_ssize_t n, PyObject* kwname
   return result;
 }
 
-PyObject* allReduce(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+PyObject* runInPlace(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   Entry& e = held(self);
   const Py_ssize_t n = PyVectorcall_NARGS(nargsf);
   RedOp op;
+  int root;
   std::optional<CollectiveRequest> request;
-  if (plainCall(args, n, kwnames, op)) {
+  if (plainCall(e, args, n, kwnames, op, root)) {
     const int watched = observed(e);
     if (watched < 0) return nullptr;
     if (!watched) {
-      request = plainArrayRequest(args[0], Collective::AllReduce, op, 0, e.algorithm);
-      if (!request) request = tensorRequest(e, args[0], op);
+      request = plainArrayRequest(args[0], e.collective, op, root, e.algorithm);
+      if (!request) request = tensorRequest(e, args[0], op, root);
       if (PyErr_Occurred()) return nullptr;
     }
   }
@@ -232,12 +240,31 @@ PyObject* allReduce(PyObject* self, PyObject* const* args, size_t nargsf, PyObje
 }
 
 PyMethodDef kAllReduce = {
-    "all_reduce", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(allReduce)),
+    "all_reduce", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(runInPlace)),
     METH_FASTCALL | METH_KEYWORDS,
     "all_reduce(tensor, op='sum', *, async_op=False, wire_dtype=None, algorithm=None, "
     "replay_tag=None)\n--\n\n"
     "Communicator.all_reduce on this communicator's CPU ring: a call that asks nothing more "
     "runs here at once, any other goes to the method as it came (see its documentation)."};
+PyMethodDef kBroadcast = {
+    "broadcast", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(runInPlace)),
+    METH_FASTCALL | METH_KEYWORDS,
+    "broadcast(tensor, src=0, *, async_op=False)\n--\n\n"
+    "Communicator.broadcast on this communicator's CPU ring: a call that asks nothing more "
+    "runs here at once, any other goes to the method as it came (see its documentation)."};
+
+PyObject* interned(const char* name) { return PyUnicode_InternFromString(name); }
+
+// Each collective's keywords, made once (kept for the life of the module).
+const std::vector<Keyword>& keywordsOf(Collective collective) {
+  static const std::vector<Keyword> broadcast{{interned("src"), nullptr},
+                                              {interned("async_op"), Py_False}};
+  static const std::vector<Keyword> allReduce{
+      {interned("op"), nullptr}, {interned("async_op"), Py_False},
+      {interned("wire_dtype"), Py_None}, {interned("algorithm"), Py_None},
+      {interned("replay_tag"), Py_None}};
+  return collective == Collective::Broadcast ? broadcast : allReduce;
+}
 
 // (owner, attribute name) with the name interned: read on every call.
 std::pair<py::object, py::object> attribute(const py::tuple& pair) {
@@ -249,14 +276,18 @@ std::pair<py::object, py::object> attribute(const py::tuple& pair) {
 
 }  // namespace
 
-py::object allReduceEntry(std::shared_ptr<Communicator> comm, Algorithm algorithm,
-                          py::object owner, py::object fallback, py::object lock, py::object queue,
+py::object inPlaceEntry(std::shared_ptr<Communicator> comm, Collective collective,
+                        Algorithm algorithm, py::object owner, py::object fallback,
+                        py::object lock, py::object queue,
                           py::object onWorker, py::tuple ring, py::tuple observers,
                           py::object tensorType, py::dict tensorDtypes) {
+  if (collective != Collective::AllReduce && collective != Collective::Broadcast)
+    throw py::value_error("in_place_entry: all_reduce or broadcast only");
   auto e = std::make_unique<Entry>();
   PyObject* weak = PyWeakref_NewRef(owner.ptr(), nullptr);
   if (weak == nullptr) throw py::error_already_set();
-  *e = Entry{std::move(comm), algorithm, py::reinterpret_steal<py::object>(weak),
+  *e = Entry{std::move(comm), collective, algorithm, &keywordsOf(collective),
+             py::reinterpret_steal<py::object>(weak),
              std::move(fallback), lock.attr("acquire"),
              lock.attr("release"), std::move(queue), std::move(onWorker),
              attribute(py::make_tuple(py::none(), "last")).second, std::move(tensorType),
@@ -266,7 +297,8 @@ py::object allReduceEntry(std::shared_ptr<Communicator> comm, Algorithm algorith
     delete static_cast<Entry*>(PyCapsule_GetPointer(capsule, kCapsule));
   });
   e.release();  // the capsule's now
-  PyObject* f = PyCFunction_New(&kAllReduce, self.ptr());
+  PyMethodDef* def = collective == Collective::Broadcast ? &kBroadcast : &kAllReduce;
+  PyObject* f = PyCFunction_New(def, self.ptr());
   if (f == nullptr) throw py::error_already_set();
   return py::reinterpret_steal<py::object>(f);
 }
