@@ -3,13 +3,15 @@
 Each field comes from the explicit argument, else its environment variable, else its default
 (some defaults depend on the world size and the host's cores). The resolved options are handed
 to the backends, which pass every value to the C++ core: the table below (``OPTIONS``) is the
-only place a default is written. A size or count of 0 means its default. Nothing reads the
+only place a default is written. A size or count of 0 means its default; a variable's size may
+carry a binary unit (``RINGCOMM_SHM_SLOT_BYTES=32K``). Nothing reads the
 environment at import time. docs/benchmarks.md ("How the defaults were chosen") says how
 slots, slices, waits and thresholds were chosen.
 
 """
 import dataclasses
 import os
+import re
 from typing import Callable, NamedTuple, Optional
 
 from . import _C
@@ -77,7 +79,13 @@ def _unless(*off):
 
 
 def _size(text):
-    return int(text) or None  # a size or count: 0, given or in the environment, is the default
+    """A size or count: a whole number, optionally with a binary unit (``32K``, ``4MiB``); 0,
+    given or in the environment, is the default (None)."""
+    match = re.fullmatch(r"\s*(\d+)\s*(?:([KMG])(?:i?B)?)?\s*", str(text), re.IGNORECASE)
+    if match is None:
+        raise ValueError(f"{text!r} is not a size (a whole number, optionally K, M or G)")
+    unit = match.group(2)
+    return int(match.group(1)) << (10 * " KMG".index(unit.upper()) if unit else 0) or None
 
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -190,7 +198,10 @@ class _Options:
             value = getattr(self, option.name)
             text = os.environ.get(option.environment) if option.environment else None
             if value is None and text:
-                value = option.parse(text)
+                try:
+                    value = option.parse(text)
+                except ValueError as error:  # say which variable: it may be set far away
+                    raise ValueError(f"{option.environment}={text!r}: {error}") from None
             if value is None or (value == 0 and option.parse is _size):  # a size of 0 too
                 value = option.default
                 if option.crowded is not None and crowded.get(option.name, host_crowded):

@@ -11,7 +11,7 @@ import pytest
 
 import ringcomm
 from ringcomm.transport import cuda as cuda_backend
-from ringcomm.options import DEFAULTS, OPTIONS, THRESHOLDS, CommOptions
+from ringcomm.options import DEFAULTS, OPTIONS, THRESHOLDS, CommOptions, KiB, MiB, _size
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # The C++ names of the options' struct fields (ShmOptions, WaitPolicy, CommunicatorOptions,
@@ -196,3 +196,14 @@ def test_no_default_restated_in_readme_or_docs():
 
 def test_the_shared_gpu_ctas_follow_nccl_sms():
     assert cuda_backend.SHARED_GPU_DEFAULTS["NCCL_MAX_CTAS"] == str(DEFAULTS["nccl_sms"])
+
+
+def test_sizes_take_binary_units_and_a_bad_value_names_its_variable(monkeypatch):
+    for text, expected in (("32K", 32 * KiB), ("4MiB", 4 * MiB), ("1g", 1 << 30), ("65536", 65536),
+                           ("0", None)):
+        assert _size(text) == expected, text
+    monkeypatch.setenv("RINGCOMM_SHM_SLOT_BYTES", "32 kB")
+    assert CommOptions(timeout=7).resolved(world_size=1).slot_bytes == 32 * KiB
+    monkeypatch.setenv("RINGCOMM_SHM_SLOT_BYTES", "lots")
+    with pytest.raises(ValueError, match=r"RINGCOMM_SHM_SLOT_BYTES='lots': 'lots' is not a size"):
+        CommOptions(timeout=7).resolved(world_size=1)
