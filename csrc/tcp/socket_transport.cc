@@ -161,8 +161,9 @@ void SocketTransport::releaseRecv(int peer) {
   // on a crowded machine a wait for a core.
   const uint64_t held = freed + options_.slotCount;
   const uint64_t connections = options_.connectionsPerPeer;
-  if (held < connections + link.consumed || link.recvFull[(held - connections) % options_.slotCount])
-    wake();
+  const bool previousRead = held < connections + link.consumed ||
+                            link.recvFull[(held - connections) % options_.slotCount];
+  if (previousRead) wake();
 }
 
 std::optional<int> SocketTransport::arrivedTag(int peer) const {
