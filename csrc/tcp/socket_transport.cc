@@ -153,9 +153,17 @@ const void* SocketTransport::acquireRecv(int peer, const Envelope& expected) {
 void SocketTransport::releaseRecv(int peer) {
   std::lock_guard<std::mutex> lock(mutex_);
   Link& link = *links_[peer];
-  link.recvFull[link.consumed % options_.slotCount] = 0;
-  ++link.consumed;
-  wake();
+  const uint64_t freed = link.consumed++;
+  link.recvFull[freed % options_.slotCount] = 0;
+  // Only message `freed + slotCount` can have been held up for want of this slot (the progress
+  // thread stops reading a connection there), and only once the message before it on the same
+  // connection was read. Waking the thread for nothing costs every message a thread hand-over,
+  // on a crowded machine a wait for a core.
+  const uint64_t held = freed + options_.slotCount;
+  const uint64_t connections = options_.connectionsPerPeer;
+  const bool previousRead = held < connections + link.consumed ||
+                            link.recvFull[(held - connections) % options_.slotCount];
+  if (previousRead) wake();
 }
 
 std::optional<int> SocketTransport::arrivedTag(int peer) const {
