@@ -7,7 +7,8 @@ emulated host. Prints one line "RESULT <json>" at the end.
                its hosts, and the bytes each rank sent to every other rank
     ddp        a few DDP steps on the "ringcomm" torch backend, against a single-process replay
     doubling   all_reduce with algorithm=recursive_doubling (and the ring beside it) x dtype x op
-               x awkward count against exact references, and bitwise alike on every rank
+               x awkward count against exact references, and bitwise alike on every rank;
+               reduce_scatter and all_gather with it, exact
     failure    all_reduce in a loop until something fails: the error, its kind, and when
                (MULTIHOST_ALGORITHM: the algorithm it runs, MULTIHOST_COUNT: its elements)
 """
@@ -22,7 +23,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import ringcomm  # noqa: E402
-from collective_checks import VALID, Checker, counts_for  # noqa: E402
+from collective_checks import VALID, Checker, counts_for, one_dtype_per_op  # noqa: E402
 from sweep import reduce_reference  # noqa: E402
 
 TIMEOUT = float(os.environ.get("MULTIHOST_TIMEOUT", "60"))
@@ -76,10 +77,12 @@ def sweep(comm):
 def doubling(comm):
     """recursive_doubling between hosts: exact for every dtype x op x awkward count (0, 1, fewer
     than ranks, primes, several messages), equal to the ring's result, and the same on every
-    rank (a gather of each result compared)."""
+    rank (a gather of each result compared); reduce_scatter and all_gather exact."""
     checker = Checker(comm)
     n = comm.world_size
-    for count in sorted(set(counts_for(n)) | {2, 3, 13, 4099, 100_003}):
+    counts = sorted(set(counts_for(n)) | {2, 3, 13, 4099, 100_003})
+    checker.scatter_gather_sweep(counts, one_dtype_per_op(), "recursive_doubling")
+    for count in counts:
         cases = VALID if count < 10_000 else [(torch.float32, "sum"), (torch.float32, "avg"),
                                               (torch.int64, "max")]
         for dtype, op in cases:
