@@ -10,7 +10,8 @@ emulated host. Prints one line "RESULT <json>" at the end.
                x awkward count against exact references, and bitwise alike on every rank;
                reduce_scatter and all_gather with it, exact
     failure    all_reduce in a loop until something fails: the error, its kind, and when
-               (MULTIHOST_ALGORITHM: the algorithm it runs, MULTIHOST_COUNT: its elements)
+               (MULTIHOST_ALGORITHM: the algorithm it runs, MULTIHOST_COUNT: its elements,
+               MULTIHOST_COLLECTIVE: reduce_scatter or all_gather instead)
 """
 import json
 import os
@@ -137,12 +138,17 @@ def ddp(_comm):
 
 
 def failure(comm):
-    t = torch.ones(int(os.environ.get("MULTIHOST_COUNT", 1 << 20)))
+    count = int(os.environ.get("MULTIHOST_COUNT", 1 << 20))
     algorithm = os.environ.get("MULTIHOST_ALGORITHM")
+    t, every = torch.ones(count), torch.ones(comm.world_size * count)
+    call = {"all_reduce": lambda: comm.all_reduce(t, algorithm=algorithm),
+            "reduce_scatter": lambda: comm.reduce_scatter(t, every, algorithm=algorithm),
+            "all_gather": lambda: comm.all_gather(every, t, algorithm=algorithm),
+            }[os.environ.get("MULTIHOST_COLLECTIVE", "all_reduce")]
     steps, started = 0, time.monotonic()
     try:
         while time.monotonic() - started < 4 * TIMEOUT:
-            comm.all_reduce(t, algorithm=algorithm)
+            call()
             steps += 1
             if os.environ.get("MULTIHOST_READY") and steps == 20:
                 open(os.environ["MULTIHOST_READY"] + f".{comm.rank}", "w").close()
