@@ -108,11 +108,11 @@ def test_auto_picks_recursive_doubling_only_where_the_transport_reaches_every_ra
 
 
 # The largest bytes auto runs recursive_doubling for, by rank count (logStepMaxBytes in
-# algorithms.h): the alpha-beta model's crossover, at most 2 MiB, what the fits measured.
-MODEL = {"all_reduce": {2: 2 << 20, 3: 26_106, 4: 202_730, 5: 48_291, 6: 68_277, 8: 208_468,
-                        64: 656_993, 1024: 2 << 20},
-         "reduce_scatter": {2: 2 << 20, 3: 81, 4: 2 << 20, 5: 25_278, 6: 46_871, 8: 2 << 20,
-                            64: 2 << 20, 1024: 2 << 20}}
+# algorithms.h): the alpha-beta model's crossover, at most 256 KiB.
+MODEL = {"all_reduce": {2: 256 << 10, 3: 26_106, 4: 202_730, 5: 48_291, 6: 68_277, 8: 208_468,
+                        64: 256 << 10, 1024: 256 << 10},
+         "reduce_scatter": {2: 256 << 10, 3: 81, 4: 256 << 10, 5: 25_278, 6: 46_871,
+                            8: 256 << 10, 64: 256 << 10, 1024: 256 << 10}}
 MODEL["all_gather"] = MODEL["reduce_scatter"]
 
 

@@ -20,6 +20,20 @@ char* locate(const BufferView& view, const Range& range, size_t elemSize, const 
   return view.base + (range.offset - view.first) * elemSize;
 }
 
+// Each piece of `input`, one after another into `out`, in the wire's type.
+void packPieces(Reducer& reducer, const std::vector<Range>& pieces, const BufferView& input,
+                const ReduceSpec& spec, char* out) {
+  const size_t elemSize = dataTypeSize(spec.type), wireSize = dataTypeSize(spec.wireType);
+  for (const Range& piece : pieces) {
+    const char* local = locate(input, piece, elemSize, "read");
+    if (spec.type == spec.wireType)
+      reducer.copy(out, nullptr, local, piece.count * wireSize);
+    else
+      reducer.convert(nullptr, out, local, /*srcIsWire=*/false, piece.count, spec);
+    out += piece.count * wireSize;
+  }
+}
+
 }  // namespace
 
 Executor::Executor(Transport& transport, Reducer& reducer, size_t sliceBytes, Scratch& scratch)
@@ -140,14 +154,7 @@ void Executor::runOneHopStep(const PlannedCollective& c, const Step& step, size_
              "a one-hop step that reads no publication can only publish");
     const Envelope mine = publication(c, header, step.chunk, column, sliceElems);
     char* out = static_cast<char*>(transport_.acquirePublish(step.publishPhase, mine.bytes));
-    for (const Range& piece : pieces) {
-      const char* local = locate(c.input, piece, elemSize, "read");
-      if (sameType)
-        reducer_.copy(out, nullptr, local, piece.count * wireSize);
-      else
-        reducer_.convert(nullptr, out, local, /*srcIsWire=*/false, piece.count, c.spec);
-      out += piece.count * wireSize;
-    }
+    packPieces(reducer_, pieces, c.input, c.spec, out);
     transport_.commitPublish(step.publishPhase, mine);
     return;
   }
@@ -191,14 +198,7 @@ void Executor::runPackedStep(const PlannedCollective& c, const Step& step,
            "a step over several chunks sends them or receives them, not both");
   if (step.kind == StepKind::Send) {
     char* out = static_cast<char*>(transport_.acquireSend(step.sendTo, envelope.bytes));
-    for (const Range& piece : scratch_.pieces) {
-      const char* local = locate(c.input, piece, elemSize, "read");
-      if (sameType)
-        reducer_.copy(out, nullptr, local, piece.count * wireSize);
-      else
-        reducer_.convert(nullptr, out, local, /*srcIsWire=*/false, piece.count, c.spec);
-      out += piece.count * wireSize;
-    }
+    packPieces(reducer_, scratch_.pieces, c.input, c.spec, out);
     transport_.commitSend(step.sendTo, envelope);
     return;
   }

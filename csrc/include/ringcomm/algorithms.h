@@ -64,10 +64,12 @@ inline constexpr size_t kByHostCount = std::numeric_limits<size_t>::max();
 // (bench/between_hosts_model.py, docs/benchmarks.md "Between hosts: by size"). b: one for both,
 // the ring's fitted 475 MB/s: both cross the same link, and the log-step fit's 639 MB/s would
 // make its doubled bytes free at 4 hosts, where it measured 2-3x the ring's time from 256 KiB.
-// The fits measured up to 2 MiB, so the crossover stops there (beyond it the ring runs).
+// Past 256 KiB the model no longer holds: at 8 hosts log-step reduce_scatter and all_gather
+// took 0.8-0.95x the ring's time at 256 KiB but 1.35x at 2 MiB, where the model has them equal
+// but for latency (docs/benchmarks.md); so the crossover stops at 256 KiB.
 inline size_t logStepMaxBytes(Collective collective, int hosts) {
   constexpr double ringAlpha = 45.7e-6, logAlpha = 30.4e-6, beta = 1 / 475e6;
-  constexpr size_t measuredUpTo = 2u << 20;
+  constexpr size_t measuredUpTo = 256u << 10;
   if (hosts < 2) return 0;
   int p = 1, rounds = 0;
   while (p * 2 <= hosts) p *= 2, ++rounds;
