@@ -63,10 +63,10 @@ inline constexpr size_t kByHostCount = std::numeric_limits<size_t>::max();
 // a_r = 45.7 us and a_l = 30.4 us: each algorithm's all_reduce fitted on 2 and 3 emulated hosts
 // (bench/between_hosts_model.py, docs/benchmarks.md "Between hosts: by size"). b: one for both,
 // the ring's fitted 475 MB/s: both cross the same link, and the log-step fit's 639 MB/s would
-// make its doubled bytes free at 4 hosts, where it measured 2-3x the ring's time from 256 KiB.
-// Past 256 KiB the model no longer holds: at 8 hosts log-step reduce_scatter and all_gather
-// took 0.8-0.95x the ring's time at 256 KiB but 1.35x at 2 MiB, where the model has them equal
-// but for latency (docs/benchmarks.md); so the crossover stops at 256 KiB.
+// make its doubled bytes free at 4 hosts, where it measured 2.3-3.4x the ring's time from 256 KiB.
+// Past 256 KiB the model no longer holds: at 8 hosts log-step reduce_scatter and all_gather,
+// which it has equal to the ring but for latency, took 1.1-1.9x the ring's time at 2 MiB
+// (0.6-1.4x at 256 KiB, 0.4-1.0x up to 32 KiB; docs/benchmarks.md), so the crossover stops there.
 inline size_t logStepMaxBytes(Collective collective, int hosts) {
   constexpr double ringAlpha = 45.7e-6, logAlpha = 30.4e-6, beta = 1 / 475e6;
   constexpr size_t measuredUpTo = 256u << 10;
