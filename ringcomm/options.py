@@ -20,9 +20,9 @@ from .world.rendezvous import timeout_seconds
 
 # Algorithm names, from the C++ table (kAlgorithms in csrc/include/ringcomm/algorithms.h): "ring";
 # "one_shot" (all_reduce, reduce_scatter, all_gather) and "two_shot" (all_reduce) read every
-# rank's publication in one hop (CPU shared memory); "recursive_doubling" (all_reduce, between
-# hosts) pairs ranks in log2 N rounds; "auto" picks by size (the *_max_bytes
-# thresholds), the same on every rank. ALGORITHM_COLLECTIVES: the collectives each one runs.
+# rank's publication in one hop (CPU shared memory); "recursive_doubling" (all_reduce,
+# reduce_scatter, all_gather, between hosts) pairs ranks in log2 N rounds; "auto" picks by size
+# (the *_max_bytes thresholds), the same on every rank. ALGORITHM_COLLECTIVES: the collectives each one runs.
 ALGORITHMS = tuple(_C.Algorithm.__members__)
 ALGORITHM_COLLECTIVES = {name: tuple(collectives)
                         for name, collectives in _C.ALGORITHM_COLLECTIVES.items()}
@@ -33,12 +33,17 @@ COLLECTIVES_WITH_ALGORITHM = tuple(
     if any(name in ALGORITHM_COLLECTIVES[a] for a in ALGORITHMS if a not in ("ring", "auto")))
 # Algorithms between hosts: they send to any rank, so they need a transport that reaches every
 # rank (TCP); inside a host (shared memory) the others run. recursive_doubling: log-depth
-# all_reduce (csrc/core/recursive_doubling_plans.cc).
+# all_reduce, reduce_scatter and all_gather (csrc/core/recursive_doubling_plans.cc,
+# log_step_plans.cc).
 BETWEEN_HOSTS = ("recursive_doubling",)
 IN_HOST_ALGORITHMS = tuple(a for a in ALGORITHMS if a not in BETWEEN_HOSTS)
 # auto's thresholds, {field: default}, from the same table: "<algorithm>_max_bytes" for every
 # algorithm auto picks by size, set by RINGCOMM_<ALGORITHM>_MAX_BYTES.
 THRESHOLDS = dict(_C.DEFAULT_THRESHOLDS)
+# A threshold whose default is this (size_t's largest, kByHostCount in algorithms.h) is not one
+# number: auto takes the alpha-beta model's crossover for the number of ranks it runs on
+# (between hosts: the hosts) unless the option is set.
+BY_HOST_COUNT = (1 << 64) - 1
 
 
 def check_algorithm(name, collective=None):
@@ -234,6 +239,8 @@ def _shown(option, value):
     """A default as the table shows it."""
     if isinstance(value, bool):
         return "on" if value else "off"
+    if option.name in THRESHOLDS and value == BY_HOST_COUNT:
+        return "by host count"
     if isinstance(value, str):
         return f'``"{value}"``'
     if option.name.endswith("_bytes") and value:

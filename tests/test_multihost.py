@@ -142,8 +142,11 @@ def failure_run(cause, algorithm_env=None, per_host=(2, 2)):
 
 
 @pytest.mark.parametrize("algorithm_env", [
-    None, {"MULTIHOST_ALGORITHM": "recursive_doubling", "MULTIHOST_COUNT": "1000"}],
-    ids=["ring", "recursive_doubling"])
+    None, {"MULTIHOST_ALGORITHM": "recursive_doubling", "MULTIHOST_COUNT": "1000"},
+    *({"MULTIHOST_ALGORITHM": "recursive_doubling", "MULTIHOST_COUNT": "1000",
+       "MULTIHOST_COLLECTIVE": c} for c in ("reduce_scatter", "all_gather"))],
+    ids=["ring", "recursive_doubling", "recursive_doubling_reduce_scatter",
+         "recursive_doubling_all_gather"])
 @pytest.mark.parametrize("cause", ["kill_host", "link_down"])
 def test_a_lost_host_is_named_by_the_survivors_within_the_timeout(cause, algorithm_env):
     found, exited, struck, timeout, leftovers, shown = failure_run(

@@ -4,6 +4,7 @@ that every rank ends with what it should -- for every collective, N = 1..64, awk
 What a collective should do comes from its row of the C++ table (_C.COLLECTIVES: whether it
 reduces, its root, its layout), so a new collective's plan is checked against its row."""
 from collections import Counter, deque
+from copy import copy
 
 import pytest
 
@@ -379,14 +380,16 @@ def test_steps_are_named_as_nccl_names_them():
     assert [s.kind for s in one_shot.steps[0]] == ["publish", "read", "read", "read"]
 
 
-# -- recursive_doubling: whole-tensor messages to any rank -------------------------------------
+# -- recursive_doubling: messages to any rank --------------------------------------------------
 
-def simulate_point_to_point(algorithm, n, count):
-    """Runs every rank's all_reduce plan over FIFO channels between any two ranks, a send never
-    waiting (TCP's slots); values are the multisets of ranks combined. Returns each rank's final
-    value, the number of messages each rank waited for in sequence (its depth), and the plans."""
-    all_plans = one_hop_plans(algorithm, "all_reduce", n, count, "float32")
-    value = [Counter({r: 1}) for r in range(n)]
+def simulate_point_to_point(algorithm, n, count, collective="all_reduce"):
+    """Runs every rank's plan over FIFO channels between any two ranks, a send never waiting
+    (TCP's slots). Values by block (-1: the whole tensor): multisets of the ranks combined, or
+    ("data", owner). Returns each rank's final blocks, the number of messages each rank waited
+    for in sequence (its depth), and the plans. A step names its blocks by its range: count >= 1
+    outside all_reduce."""
+    all_plans = one_hop_plans(algorithm, collective, n, count, "float32")
+    value = [{b: initial(collective, r, n, 0)(b) for b in keys(all_plans[r])} for r in range(n)]
     channels = {}
     depth = [0] * n  # the longest chain of messages that reached each rank's current value
     cursor = [0] * n
@@ -396,19 +399,24 @@ def simulate_point_to_point(algorithm, n, count):
         for r, plan in enumerate(all_plans):
             while cursor[r] < len(plan["steps"]):
                 step = plan["steps"][cursor[r]]
-                assert step["chunk"] == -1 and step["read_from"] < 0 and not step["ack"]
+                assert step["read_from"] < 0 and not step["ack"]
+                blocks = [-1] if step["chunk"] == -1 else list(
+                    range(step["offset"] // count, (step["offset"] + step["count"]) // count))
                 if step["recv_from"] >= 0:
                     channel = channels.get((step["recv_from"], r))
                     if not channel:
                         break
-                    got, hops = channel.popleft()
+                    sent, got, hops = channel.popleft()
+                    assert sent == blocks, (r, step, sent)  # the sender's blocks are these
                     depth[r] = max(depth[r], hops)
                     assert step["store"], (r, step)
-                    value[r] = value[r] + got if step["reduce"] else got
+                    for b, v in zip(blocks, got):
+                        value[r][b] = value[r][b] + v if step["reduce"] else v
                 else:
                     assert step["send_to"] >= 0 and step["send_to"] != r, (r, step)
+                    assert all(value[r][b] is not None for b in blocks), (r, step)
                     channels.setdefault((r, step["send_to"]), deque()).append(
-                        (Counter(value[r]), depth[r] + 1))
+                        (blocks, [copy(value[r][b]) for b in blocks], depth[r] + 1))
                 cursor[r] += 1
                 progressed = True
     stuck = [r for r in range(n) if cursor[r] < len(all_plans[r]["steps"])]
@@ -423,7 +431,7 @@ def test_recursive_doubling_reduces_every_rank_once_in_log_depth(n):
     rounds = power.bit_length() - 1 + (2 if power < n else 0)
     for count in (0, 1, n - 1, 3 * n + 1):
         values, depth, all_plans = simulate_point_to_point("recursive_doubling", n, count)
-        assert values == [Counter(range(n))] * n
+        assert values == [{-1: Counter(range(n))}] * n
         # log2 of the power of two, and at most the fold and the unfold (a send overlaps them).
         assert power.bit_length() - 1 <= max(depth) <= rounds, depth
         for r, plan in enumerate(all_plans):

@@ -126,6 +126,16 @@ void Communicator::run(const CollectiveRequest& request) {
   c.plan = &plans_.get({r.collective, rank_, worldSize_, r.count, r.root,
                      chunkAlignment(r.type, wireType), algorithm});
   const LocalCopy copy = mapBuffers(r, rank_, worldSize_, c);
+  // Recursive halving reduces other ranks' blocks on the way: in a copy of the input (this
+  // communicator runs no two levels, whose blocks scratch_ holds otherwise), this rank's block
+  // copied out at the end.
+  const size_t blockBytes = r.count * dataTypeSize(r.type);
+  const bool halving = algorithm == Algorithm::RecursiveDoubling &&
+                       r.collective == Collective::ReduceScatter && worldSize_ > 1;
+  if (halving) {
+    if (scratch_.size() < worldSize_ * blockBytes) scratch_.resize(worldSize_ * blockBytes);
+    c.input = c.output = view(scratch_.data(), 0, r.count * worldSize_);
+  }
   prepare(c, r.op, r.type, wireType, r.avgDivisor);
   CallName call = describe(r, c.sequence, algorithmName(c.plan->request.algorithm));
   // A ring plan's device work depends on the request and the slice size alone: a device
@@ -150,8 +160,12 @@ void Communicator::run(const CollectiveRequest& request) {
   auto body = [&] {
     if (copy.bytes > 0 && copy.to != copy.from)
       reducer_->copy(copy.to, nullptr, copy.from, copy.bytes);
+    if (halving && blockBytes > 0)
+      reducer_->copy(scratch_.data(), nullptr, r.input, worldSize_ * blockBytes);
     c.progress = current_;  // the executor marks its steps in this call's record
     execute(c);
+    if (halving && blockBytes > 0)
+      reducer_->copy(r.output, nullptr, scratch_.data() + rank_ * blockBytes, blockBytes);
   };
   collective(r.stream, call, std::ref(body));  // by reference: a std::function copy allocates
 }

@@ -20,6 +20,20 @@ char* locate(const BufferView& view, const Range& range, size_t elemSize, const 
   return view.base + (range.offset - view.first) * elemSize;
 }
 
+// Each piece of `input`, one after another into `out`, in the wire's type.
+void packPieces(Reducer& reducer, const std::vector<Range>& pieces, const BufferView& input,
+                const ReduceSpec& spec, char* out) {
+  const size_t elemSize = dataTypeSize(spec.type), wireSize = dataTypeSize(spec.wireType);
+  for (const Range& piece : pieces) {
+    const char* local = locate(input, piece, elemSize, "read");
+    if (spec.type == spec.wireType)
+      reducer.copy(out, nullptr, local, piece.count * wireSize);
+    else
+      reducer.convert(nullptr, out, local, /*srcIsWire=*/false, piece.count, spec);
+    out += piece.count * wireSize;
+  }
+}
+
 }  // namespace
 
 Executor::Executor(Transport& transport, Reducer& reducer, size_t sliceBytes, Scratch& scratch)
@@ -31,11 +45,13 @@ void Executor::run(const PlannedCollective& c) {
   // One-hop plans run one publication round per column, each publication at most
   // publishBytes(); ring plans one message per slice.
   const bool oneHop = usesPublications(*c.plan);
-  const size_t pieces = oneHop ? std::max<size_t>(1, chunksPerPublication(*c.plan)) : 1;
+  // A step over several chunks packs a slice of each into one message.
+  const size_t pieces = oneHop ? std::max<size_t>(1, chunksPerPublication(*c.plan))
+                               : std::max<size_t>(1, c.plan->packedChunks);
   const size_t limit = oneHop ? transport_.publishBytes() : transport_.maxMessageBytes();
   RC_CHECK(!oneHop || limit > 0, algorithmName(c.plan->request.algorithm),
            " needs a transport with publications (shared memory); this one has none: use ring");
-  const size_t sliceBytes = oneHop ? limit / pieces : std::min(sliceBytes_, limit);
+  const size_t sliceBytes = oneHop ? limit / pieces : std::min(sliceBytes_, limit) / pieces;
   size_t sliceElems = std::max<size_t>(1, sliceBytes / elemSize);
   // Slices start where chunks do: on 16-byte boundaries, whenever a slice holds that much.
   const size_t align = c.plan->request.alignElems;
@@ -62,11 +78,22 @@ void Executor::run(const PlannedCollective& c) {
   auto runColumn = [&](size_t i, size_t column) {
     const Step& step = c.plan->steps[i];
     Range slice = sliceOf(step.range, column, sliceElems);
+    if (step.span > 1) {  // every chunk's slice of the column, packed
+      scratch_.pieces.clear();
+      slice.count = 0;
+      for (int k = step.chunk; k < step.chunk + step.span; ++k) {
+        scratch_.pieces.push_back(sliceOf(c.plan->chunks.at(k), column, sliceElems));
+        slice.count += scratch_.pieces.back().count;
+      }
+      slice.offset = scratch_.pieces.front().offset;
+    }
     envelope.bytes = slice.count * wireSize;
     envelope.offset = slice.offset;
     FlightRecorder::step(c.progress, i);
     try {
-      if (oneHop)
+      if (step.span > 1)
+        runPackedStep(c, step, envelope);
+      else if (oneHop)
         runOneHopStep(c, step, column, sliceElems, envelope,
                       step.kind == StepKind::Read && firstRead[step.readPhase] == &step);
       else
@@ -127,14 +154,7 @@ void Executor::runOneHopStep(const PlannedCollective& c, const Step& step, size_
              "a one-hop step that reads no publication can only publish");
     const Envelope mine = publication(c, header, step.chunk, column, sliceElems);
     char* out = static_cast<char*>(transport_.acquirePublish(step.publishPhase, mine.bytes));
-    for (const Range& piece : pieces) {
-      const char* local = locate(c.input, piece, elemSize, "read");
-      if (sameType)
-        reducer_.copy(out, nullptr, local, piece.count * wireSize);
-      else
-        reducer_.convert(nullptr, out, local, /*srcIsWire=*/false, piece.count, c.spec);
-      out += piece.count * wireSize;
-    }
+    packPieces(reducer_, pieces, c.input, c.spec, out);
     transport_.commitPublish(step.publishPhase, mine);
     return;
   }
@@ -167,6 +187,34 @@ void Executor::runOneHopStep(const PlannedCollective& c, const Step& step, size_
   else
     reducer_.convert(stored, outgoing, incoming, /*srcIsWire=*/true, slice.count, c.spec);
   if (step.publishPhase >= 0) transport_.commitPublish(step.publishPhase, mine);
+}
+
+void Executor::runPackedStep(const PlannedCollective& c, const Step& step,
+                             const Envelope& envelope) {
+  const size_t elemSize = dataTypeSize(c.spec.type), wireSize = dataTypeSize(c.spec.wireType);
+  const bool sameType = c.spec.type == c.spec.wireType;
+  RC_CHECK(step.kind == StepKind::Send || step.kind == StepKind::Recv ||
+               step.kind == StepKind::RecvReduceCopy,
+           "a step over several chunks sends them or receives them, not both");
+  if (step.kind == StepKind::Send) {
+    char* out = static_cast<char*>(transport_.acquireSend(step.sendTo, envelope.bytes));
+    packPieces(reducer_, scratch_.pieces, c.input, c.spec, out);
+    transport_.commitSend(step.sendTo, envelope);
+    return;
+  }
+  const char* in = static_cast<const char*>(transport_.acquireRecv(step.recvFrom, envelope));
+  for (const Range& piece : scratch_.pieces) {
+    char* stored = locate(c.output, piece, elemSize, "write");
+    if (step.reduce)
+      reducer_.reduce(stored, nullptr, locate(c.input, piece, elemSize, "read"), in, piece.count,
+                      c.spec, step.finalize);
+    else if (sameType)
+      reducer_.copy(stored, nullptr, in, piece.count * wireSize);
+    else
+      reducer_.convert(stored, nullptr, in, /*srcIsWire=*/true, piece.count, c.spec);
+    in += piece.count * wireSize;
+  }
+  transport_.releaseRecv(step.recvFrom);
 }
 
 void Executor::runStep(const PlannedCollective& c, const Step& step, const Range& slice,

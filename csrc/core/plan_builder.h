@@ -34,6 +34,9 @@ class PlanBuilder {
 
   // Log-depth plans between hosts (recursive_doubling_plans.cc).
   void recursiveDoublingAllReduce();
+  // reduce_scatter by recursive halving, all_gather by recursive doubling (log_step_plans.cc).
+  void recursiveHalvingReduceScatter();
+  void recursiveDoublingAllGather();
 
  private:
   static int wrap(int value, int n) { return ((value % n) + n) % n; }
@@ -73,6 +76,10 @@ class PlanBuilder {
   // Point-to-point steps on the whole buffer (recursive_doubling_plans.cc): to or from any rank.
   Step& sendWholeTo(int peer);
   Step& recvWholeFrom(int peer, bool reduce);
+  // Point-to-point steps on the blocks [first, first + count) (log_step_plans.cc).
+  Step& sendBlocksTo(int peer, int first, int count);
+  Step& recvBlocksFrom(int peer, int first, int count, bool reduce);
+  Step& blocks(int first, int count);
 
   Plan& plan_;
   int rank_, size_, prev_, next_;

@@ -1,5 +1,6 @@
 // makePlan: the request checked, the logical buffer cut into chunks and one rank's steps built
-// by the family its collective and algorithm name (PlanBuilder: ring_plans.cc, one_hop_plans.cc);
+// by the family its collective and algorithm name (PlanBuilder: ring_plans.cc, one_hop_plans.cc,
+// recursive_doubling_plans.cc, log_step_plans.cc);
 // and what the executor asks of a plan: slice columns, publication pieces, step kinds.
 #include "ringcomm/schedule.h"
 
@@ -134,7 +135,12 @@ Plan buildPlan(const PlanRequest& request) {
 
   PlanBuilder builder(plan);
   if (algorithm == Algorithm::RecursiveDoubling) {
-    builder.recursiveDoublingAllReduce();  // kAlgorithms: all_reduce only
+    if (collective == Collective::AllReduce)
+      builder.recursiveDoublingAllReduce();
+    else if (collective == Collective::ReduceScatter)
+      builder.recursiveHalvingReduceScatter();
+    else
+      builder.recursiveDoublingAllGather();  // kAlgorithms: these three
     return plan;
   }
   if (algorithm == Algorithm::OneShot || algorithm == Algorithm::TwoShot) {

@@ -79,8 +79,7 @@ bool Communicator::runsInTwoLevels(const CollectiveRequest& r) const {
       return false;
   }
   // An algorithm between hosts runs in the level between hosts (acrossHosts).
-  if (r.algorithm == Algorithm::RecursiveDoubling && r.collective == Collective::AllReduce)
-    return true;
+  if (r.algorithm == Algorithm::RecursiveDoubling) return true;
   const size_t blocks = r.collective == Collective::AllReduce ? 1 : worldSize_;
   return resolveAlgorithm(r.algorithm, r.collective, r.count * blocks * dataTypeSize(r.type)) ==
          Algorithm::Ring;
@@ -273,8 +272,7 @@ void Communicator::reduceScatterInTwoLevels(const CollectiveRequest& r) {
     runInLevel(local_, part);
   };
   auto acrossHosts = [&](size_t k) {
-    CollectiveRequest part = r;
-    part.algorithm = Algorithm::Auto;
+    CollectiveRequest part = r;  // ring, auto or recursive_doubling: the request's
     part.output = static_cast<char*>(r.output) + pieces[k].first * elementBytes;
     part.input = pieces[k].mine, part.count = pieces[k].count;
     part.avgDivisor = r.op == RedOp::Avg ? worldSize_ : 0;
@@ -301,8 +299,7 @@ void Communicator::allGatherInTwoLevels(const CollectiveRequest& r) {
   const size_t elementBytes = dataTypeSize(r.type), hosts = hostRanks_.size();
   const std::vector<BlockPiece> pieces = blockPieces(r);
   auto acrossHosts = [&](size_t k) {
-    CollectiveRequest part = r;
-    part.algorithm = Algorithm::Auto;
+    CollectiveRequest part = r;  // ring, auto or recursive_doubling: the request's
     part.input = static_cast<const char*>(r.input) + pieces[k].first * elementBytes;
     part.output = pieces[k].mine, part.count = pieces[k].count;
     runInLevel(cross_, part);

@@ -12,6 +12,7 @@ import socket
 import sys
 
 from ..build import build_info
+from ..options import BY_HOST_COUNT
 from ..world import pinning
 
 logger = logging.getLogger("ringcomm")
@@ -65,7 +66,8 @@ def set_up(rank, world_size, options, device, backend):
     else:
         peers = "nccl to every rank"
         sizes = f"slice {options.slice_bytes or options.cuda_slice_bytes} B"
-    thresholds = ", ".join(f"{k} {v}" for k, v in options.thresholds().items())
+    thresholds = ", ".join(f"{k} {'by host count' if v == BY_HOST_COUNT else v}"
+                           for k, v in options.thresholds().items())
     cpus = pinning.pinned()
     cores = f"pinned to CPUs {sorted(cpus)}" if cpus else "not pinned"
     logger.info("rank %d/%d: ringcomm %s, build %s; %s: links %s; %s; algorithm %s (%s); %s",

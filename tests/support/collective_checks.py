@@ -52,38 +52,58 @@ class Checker:
         t = self.input(r, count, op, dtype)
         comm.all_reduce(t, op=op)
         self.check(f"all_reduce {tag}", t, reduce_reference(n, count, op, dtype))
-
-        # Element j of rank r's block is element r * count + j of the whole input.
-        full = reduce_reference(n, count, op, dtype, salt=r * count)
-        inp = self.input(r, n * count, op, dtype)
-        before = inp.clone()
-        out = self.empty(count, dtype)
-        comm.reduce_scatter(out, inp, op=op)
-        self.check(f"reduce_scatter {tag}", out, full)
-        self.check(f"reduce_scatter input untouched {tag}", inp, before)
-        comm.reduce_scatter(inp[r * count:(r + 1) * count], inp, op=op)  # in place
-        self.check(f"reduce_scatter in-place {tag}", inp[r * count:(r + 1) * count], full)
-
+        self.reduce_scatters(count, dtype, op)
         root = count % n
         t = self.input(r, count, op, dtype)
         comm.reduce(t, dst=root, op=op)
         want = reduce_reference(n, count, op, dtype) if r == root else make_input(r, n, count, op, dtype)
         self.check(f"reduce dst={root} {tag}", t, want)
 
-    def copies(self, count, dtype):
+    def reduce_scatters(self, count, dtype, op, algorithm=None):
+        """reduce_scatter out of place (the input untouched) and in place, by `algorithm`."""
         comm, r, n = self.comm, self.rank, self.n
-        tag = f"{dtype} count {count}"
+        tag = f"{algorithm or ''} {dtype} {op} count {count}"
+        # Element j of rank r's block is element r * count + j of the whole input.
+        full = reduce_reference(n, count, op, dtype, salt=r * count)
+        inp = self.input(r, n * count, op, dtype)
+        before = inp.clone()
+        out = self.empty(count, dtype)
+        comm.reduce_scatter(out, inp, op=op, algorithm=algorithm)
+        self.check(f"reduce_scatter {tag}", out, full)
+        self.check(f"reduce_scatter input untouched {tag}", inp, before)
+        comm.reduce_scatter(inp[r * count:(r + 1) * count], inp, op=op, algorithm=algorithm)
+        self.check(f"reduce_scatter in-place {tag}", inp[r * count:(r + 1) * count], full)
+
+    def all_gathers(self, count, dtype, algorithm=None):
+        """all_gather out of place and in place, by `algorithm`; returns (every block, this
+        rank's)."""
+        comm, r, n = self.comm, self.rank, self.n
+        tag = f"{algorithm or ''} {dtype} count {count}"
         everyone = torch.cat([self.input(q, count, "sum", dtype, salt=q) for q in range(n)])
         mine = self.input(r, count, "sum", dtype, salt=r)
-
         out = self.empty(n * count, dtype)
-        comm.all_gather(out, mine)
+        comm.all_gather(out, mine, algorithm=algorithm)
         self.check(f"all_gather {tag}", out, everyone)
         out = self.empty(n * count, dtype)
         out[r * count:(r + 1) * count] = mine
-        comm.all_gather(out, out[r * count:(r + 1) * count])  # in place
+        comm.all_gather(out, out[r * count:(r + 1) * count], algorithm=algorithm)  # in place
         self.check(f"all_gather in-place {tag}", out, everyone)
+        return everyone, mine
 
+    def scatter_gather_sweep(self, counts, cases, algorithm):
+        """reduce_scatter and all_gather by `algorithm` at each of `counts`: for `cases`
+        ((dtype, op) pairs; float32 avg and int64 max from 10,000 elements) and two dtypes."""
+        for count in counts:
+            big = [(torch.float32, "avg"), (torch.int64, "max")]
+            for dtype, op in cases if count < 10_000 else big:
+                self.reduce_scatters(count, dtype, op, algorithm)
+            for dtype in (torch.int32, torch.float64):
+                self.all_gathers(count, dtype, algorithm)
+
+    def copies(self, count, dtype):
+        comm, r, n = self.comm, self.rank, self.n
+        tag = f"{dtype} count {count}"
+        everyone, mine = self.all_gathers(count, dtype)
         for root in sorted({0, (count + 1) % n}):
             t = self.input(r, count, "sum", dtype, salt=r)
             comm.broadcast(t, src=root)

@@ -7,9 +7,11 @@ emulated host. Prints one line "RESULT <json>" at the end.
                its hosts, and the bytes each rank sent to every other rank
     ddp        a few DDP steps on the "ringcomm" torch backend, against a single-process replay
     doubling   all_reduce with algorithm=recursive_doubling (and the ring beside it) x dtype x op
-               x awkward count against exact references, and bitwise alike on every rank
+               x awkward count against exact references, and bitwise alike on every rank;
+               reduce_scatter and all_gather with it, exact
     failure    all_reduce in a loop until something fails: the error, its kind, and when
-               (MULTIHOST_ALGORITHM: the algorithm it runs, MULTIHOST_COUNT: its elements)
+               (MULTIHOST_ALGORITHM: the algorithm it runs, MULTIHOST_COUNT: its elements,
+               MULTIHOST_COLLECTIVE: reduce_scatter or all_gather instead)
 """
 import json
 import os
@@ -22,7 +24,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import ringcomm  # noqa: E402
-from collective_checks import VALID, Checker, counts_for  # noqa: E402
+from collective_checks import VALID, Checker, counts_for, one_dtype_per_op  # noqa: E402
 from sweep import reduce_reference  # noqa: E402
 
 TIMEOUT = float(os.environ.get("MULTIHOST_TIMEOUT", "60"))
@@ -76,10 +78,12 @@ def sweep(comm):
 def doubling(comm):
     """recursive_doubling between hosts: exact for every dtype x op x awkward count (0, 1, fewer
     than ranks, primes, several messages), equal to the ring's result, and the same on every
-    rank (a gather of each result compared)."""
+    rank (a gather of each result compared); reduce_scatter and all_gather exact."""
     checker = Checker(comm)
     n = comm.world_size
-    for count in sorted(set(counts_for(n)) | {2, 3, 13, 4099, 100_003}):
+    counts = sorted(set(counts_for(n)) | {2, 3, 13, 4099, 100_003})
+    checker.scatter_gather_sweep(counts, one_dtype_per_op(), "recursive_doubling")
+    for count in counts:
         cases = VALID if count < 10_000 else [(torch.float32, "sum"), (torch.float32, "avg"),
                                               (torch.int64, "max")]
         for dtype, op in cases:
@@ -134,12 +138,17 @@ def ddp(_comm):
 
 
 def failure(comm):
-    t = torch.ones(int(os.environ.get("MULTIHOST_COUNT", 1 << 20)))
+    count = int(os.environ.get("MULTIHOST_COUNT", 1 << 20))
     algorithm = os.environ.get("MULTIHOST_ALGORITHM")
+    t, every = torch.ones(count), torch.ones(comm.world_size * count)
+    call = {"all_reduce": lambda: comm.all_reduce(t, algorithm=algorithm),
+            "reduce_scatter": lambda: comm.reduce_scatter(t, every, algorithm=algorithm),
+            "all_gather": lambda: comm.all_gather(every, t, algorithm=algorithm),
+            }[os.environ.get("MULTIHOST_COLLECTIVE", "all_reduce")]
     steps, started = 0, time.monotonic()
     try:
         while time.monotonic() - started < 4 * TIMEOUT:
-            comm.all_reduce(t, algorithm=algorithm)
+            call()
             steps += 1
             if os.environ.get("MULTIHOST_READY") and steps == 20:
                 open(os.environ["MULTIHOST_READY"] + f".{comm.rank}", "w").close()

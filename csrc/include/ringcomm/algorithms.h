@@ -3,10 +3,12 @@
 // CommOptions thresholds and their defaults, the tests and bench/tune.py all read it from here.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
+#include <limits>
 #include <optional>
 
 #include "ringcomm/types.h"
@@ -44,15 +46,47 @@ struct AlgorithmInfo {
 // chosen"): one_shot all_reduce beat the ring at small sizes; two_shot and the one-hop halves
 // never beat it beyond the noise there, so auto leaves them off (0). A host with a core
 // per rank sets its own from bench/tune.py (RINGCOMM_<NAME>_MAX_BYTES).
-// recursive_doubling (all_reduce, over a transport that reaches every peer: between hosts): the
-// whole tensor exchanged with rank r xor 2^k for k = 0..log2(P)-1, P the largest power of two
-// up to N; the N-P ranks above P first hand theirs to rank r-P and get the result back last.
-// log2(P) (+2) latencies against the ring's 2(N-1), each moving the whole tensor. Its
-// threshold: the alpha-beta model's crossover against the ring, each fitted on emulated hosts
-// (docs/benchmarks.md, "Between hosts: by size"), at 3 hosts, where recursive doubling gains
-// least (two extra rounds of the whole tensor; ~31 KB there, far more at 8), rounded down to a
-// power of two, so that auto never picks the slower of the two at any host count.
-inline constexpr size_t kRecursiveDoublingMaxBytes = 16 * 1024;
+// recursive_doubling (over a transport that reaches every peer: between hosts), log2(P) rounds
+// with rank r xor 2^k, P the largest power of two up to N: all_reduce exchanges the whole tensor
+// (recursive_doubling_plans.cc); reduce_scatter halves the blocks it holds each round and
+// all_gather doubles them (log_step_plans.cc). The N-P ranks above P hand theirs in first and
+// get the result back last. Its default threshold is not one number: auto runs it up to the
+// alpha-beta model's crossover against the ring for the number of ranks (logStepMaxBytes).
+inline constexpr size_t kByHostCount = std::numeric_limits<size_t>::max();
+
+// The largest collective (chooseAlgorithm's `bytes`) for which the alpha-beta model says
+// recursive_doubling on `hosts` ranks is no slower than the ring. Costs, with P the largest
+// power of two up to H and f = 1 when H is not one (the fold and unfold rounds):
+//   all_reduce:  ring 2(H-1)a_r + 2(H-1)/H S b;   log-step (log2 P + 2f)(a_l + S b)
+//   reduce_scatter, all_gather: ring (H-1)a_r + (H-1)/H S b;
+//                log-step (log2 P + 2f) a_l + ((P-1)/P + f (1 + 1/H)) S b
+// a_r = 45.7 us and a_l = 30.4 us: each algorithm's all_reduce fitted on 2 and 3 emulated hosts
+// (bench/between_hosts_model.py, docs/benchmarks.md "Between hosts: by size"). b: one for both,
+// the ring's fitted 475 MB/s: both cross the same link, and the log-step fit's 639 MB/s would
+// make its doubled bytes free at 4 hosts, where it measured 2.3-3.4x the ring's time from 256 KiB.
+// Past 256 KiB the model no longer holds: at 8 hosts log-step reduce_scatter and all_gather,
+// which it has equal to the ring but for latency, took 1.1-1.9x the ring's time at 2 MiB
+// (0.6-1.4x at 256 KiB, 0.4-1.0x up to 32 KiB; docs/benchmarks.md), so the crossover stops there.
+inline size_t logStepMaxBytes(Collective collective, int hosts) {
+  constexpr double ringAlpha = 45.7e-6, logAlpha = 30.4e-6, beta = 1 / 475e6;
+  constexpr size_t measuredUpTo = 256u << 10;
+  if (hosts < 2) return 0;
+  int p = 1, rounds = 0;
+  while (p * 2 <= hosts) p *= 2, ++rounds;
+  const double h = hosts, fold = p == hosts ? 0 : 1;
+  rounds += 2 * static_cast<int>(fold);
+  const bool allReduce = collective == Collective::AllReduce;
+  const double ringFixed = (allReduce ? 2 : 1) * (h - 1) * ringAlpha;
+  const double ringPerByte = (allReduce ? 2 : 1) * (h - 1) / h * beta;
+  const double logFixed = rounds * logAlpha;
+  const double logPerByte =
+      allReduce ? rounds * beta : ((p - 1.0) / p + fold * (1 + 1 / h)) * beta;
+  if (logFixed >= ringFixed) return 0;
+  if (logPerByte <= ringPerByte) return measuredUpTo;
+  const double crossover = (ringFixed - logFixed) / (logPerByte - ringPerByte);
+  return std::min(measuredUpTo, static_cast<size_t>(crossover));
+}
+
 inline constexpr uint32_t kOneHopCollectives = collectiveBit(Collective::AllReduce) |
                                               collectiveBit(Collective::ReduceScatter) |
                                               collectiveBit(Collective::AllGather);
@@ -63,8 +97,9 @@ inline constexpr AlgorithmInfo kAlgorithms[] = {
      "all_reduce on 3 ranks or more; reduce_scatter and all_gather run one_shot, two_shot's "
      "halves, up to it"},
     {Algorithm::Auto, "auto", plannedCollectives(), false, std::nullopt, nullptr},
-    {Algorithm::RecursiveDoubling, "recursive_doubling", collectiveBit(Collective::AllReduce),
-     false, kRecursiveDoublingMaxBytes, "all_reduce on transports that reach every peer (TCP)"},
+    {Algorithm::RecursiveDoubling, "recursive_doubling", kOneHopCollectives, false, kByHostCount,
+     "all_reduce, reduce_scatter, all_gather on transports that reach every peer (TCP); by "
+     "default the alpha-beta model's crossover for the number of ranks there"},
 };
 static_assert(inEnumOrder(kAlgorithms, [](const AlgorithmInfo& r) { return r.algorithm; }));
 
@@ -92,17 +127,19 @@ class AlgorithmThresholds {
 // The algorithm Auto runs. `bytes`: the whole tensor of an all_reduce, the input of a
 // reduce_scatter, the output of an all_gather. The ring for everything else, for one rank, and
 // on transports without publications (`publications`: Transport::publishBytes() > 0), but for
-// recursive_doubling all_reduce on those that reach every peer (`reachesEveryPeer`:
-// Transport::reachesEveryPeer()). bench/tune.py asks this same function.
+// recursive_doubling all_reduce, reduce_scatter and all_gather on those that reach every peer
+// (`reachesEveryPeer`: Transport::reachesEveryPeer()), up to its threshold: the one set, else
+// logStepMaxBytes for `worldSize` ranks. bench/tune.py asks this same function.
 inline Algorithm chooseAlgorithm(Collective collective, size_t bytes, int worldSize,
                                  bool publications, const AlgorithmThresholds& thresholds,
                                  bool reachesEveryPeer = false) {
   if (worldSize == 1) return Algorithm::Ring;
   if (!publications) {
-    const bool fewerHops = collective == Collective::AllReduce && reachesEveryPeer;
-    return fewerHops && bytes <= thresholds[Algorithm::RecursiveDoubling]
-               ? Algorithm::RecursiveDoubling
-               : Algorithm::Ring;
+    if (!reachesEveryPeer || !algorithmPlans(Algorithm::RecursiveDoubling, collective))
+      return Algorithm::Ring;
+    const size_t set = thresholds[Algorithm::RecursiveDoubling];
+    const size_t limit = set == kByHostCount ? logStepMaxBytes(collective, worldSize) : set;
+    return bytes <= limit ? Algorithm::RecursiveDoubling : Algorithm::Ring;
   }
   // At 2 ranks the ring already takes two_shot's two hops (one for reduce_scatter and
   // all_gather) and copies less: only one_shot all_reduce saves a hop there.

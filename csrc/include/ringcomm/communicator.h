@@ -233,7 +233,8 @@ class Communicator {
   std::function<void()> onFailure_;
   PlanCache plans_;  // the data path's, like scratch_
   Executor::Scratch executorScratch_;
-  std::vector<char> scratch_;  // two-level reduce_scatter and all_gather's blocks, kept
+  std::vector<char> scratch_;  // two-level reduce_scatter and all_gather's blocks, or a
+                               // recursive-halving reduce_scatter's input; kept
 
   std::vector<uint64_t> sent_, received_;  // messages per peer: their envelopes' sequence
 };

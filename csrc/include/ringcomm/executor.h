@@ -45,6 +45,8 @@ class Executor {
  private:
   void runStep(const PlannedCollective& c, const Step& step, const Range& slice,
                const Envelope& envelope);
+  // A step over several chunks (Step::span): one message of scratch_.pieces, packed.
+  void runPackedStep(const PlannedCollective& c, const Step& step, const Envelope& envelope);
   // A step of a one-hop plan in publication round `column` (schedule.h); `firstReadOfPhase`:
   // no earlier step of the plan reads the phase this one reads.
   void runOneHopStep(const PlannedCollective& c, const Step& step, size_t column, size_t sliceElems,

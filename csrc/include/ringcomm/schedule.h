@@ -63,6 +63,10 @@ struct Step {
   int publishedChunk = -1;  // for a read: the chunk that publication covers, or -1: all of them
   int publishPhase = -1;  // phase the value is published in, or -1
   int chunk = -1;     // chunk index of `range`, or -1 for a chain over the whole buffer
+  // Point-to-point steps over chunks [chunk, chunk + span) (log-step reduce_scatter and
+  // all_gather): each slice column's message packs every one of those chunks' slices in chunk
+  // order, so a step reads what earlier steps wrote in the same column.
+  int span = 1;
   Range range;
   bool reduce = false;
   bool store = false;
@@ -94,6 +98,9 @@ struct Plan {
   size_t bufferCount = 0;  // elements of the logical buffer the ranges index
   std::vector<Range> chunks;
   std::vector<Step> steps;
+  // The most chunks a message packs (Step::span) on any rank's plan: every rank slices its
+  // chunks by it, so sender and receiver agree on each message.
+  size_t packedChunks = 1;
 };
 
 Plan makePlan(const PlanRequest& request);
