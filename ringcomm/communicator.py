@@ -124,8 +124,8 @@ class Communicator:
     def reduce_scatter(self, output, input, op="sum", *, async_op=False, algorithm=None):
         """Reduces ``input`` (world_size x output.numel() elements) over ranks; rank r gets block r.
 
-        ``algorithm``: "ring", "one_shot" or "auto", the same on every rank (default: the
-        option's where it runs reduce_scatter, else "ring").
+        ``algorithm``: "ring", "one_shot", "recursive_doubling" (between hosts) or "auto", the
+        same on every rank (default: the option's where it runs reduce_scatter, else "ring").
 
         Example::
 
@@ -140,8 +140,8 @@ class Communicator:
     def all_gather(self, output, input, *, async_op=False, algorithm=None):
         """Concatenates every rank's ``input`` into ``output`` (world_size x input.numel()).
 
-        ``algorithm``: "ring", "one_shot" or "auto", the same on every rank (default: the
-        option's where it runs all_gather, else "ring").
+        ``algorithm``: "ring", "one_shot", "recursive_doubling" (between hosts) or "auto", the
+        same on every rank (default: the option's where it runs all_gather, else "ring").
 
         Example::
 
