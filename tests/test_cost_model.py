@@ -93,19 +93,96 @@ def test_fit_inter_recovers_the_links_between_nodes_from_two_level_times():
         cm.fit_inter(records[:1], machine)
 
 
-def test_between_hosts_model_fits_each_algorithm_and_projects_the_faster():
+def _between_hosts_records(bh, model, cores=2):
+    """Synthetic per-call medians of `model` on emulated hosts: 2, 4, 8 hosts x 1 and 4 x 2."""
+    return [{"collective": c, "impl": f"ringcomm-{a}", "nranks": h * per_host, "hosts": h,
+             "cores": cores, "size": s, "inplace": True,
+             "p50_us": bh.predicted_us(model, c, a, h, s, h * per_host / cores, per_host)}
+            for c in bh.COLLECTIVES for a in bh.ALGORITHMS
+            for h, per_host in ((2, 1), (4, 1), (8, 1), (4, 2))
+            for s in (8, 4096, 1 << 18, 1 << 21, 1 << 24, 1 << 26)]
+
+
+BETWEEN_HOSTS = dict(call=30e-6, hop_ring=40e-6, hop_recursive_doubling=55e-6, level=800e-6,
+                     beta=1 / 350e6, host_byte_ring=1.2e-9, host_byte_recursive_doubling=0.7e-9)
+
+
+def test_between_hosts_fit_recovers_every_term_from_the_models_own_times(tmp_path):
     import between_hosts_model as bh
 
-    links = {"ring": cm.Link(50e-6, 1 / 400e6), "recursive_doubling": cm.Link(30e-6, 1 / 500e6)}
-    records = [{"collective": "all_reduce", "impl": f"ringcomm-{a}", "nranks": h, "size": s,
-                "time_us": 1.0, "p50_us": bh.predicted_us(a, h, s, links)}
-               for a in bh.ALGORITHMS for h in (2, 3, 8) for s in (8, 4096, 1 << 20)]
-    fitted = bh.fit_links(bh.medians_of(records))
-    for a in bh.ALGORITHMS:
-        assert (fitted[a].alpha, fitted[a].beta) == pytest.approx(
-            (links[a].alpha, links[a].beta), rel=1e-9)
-    assert all(abs(row[5]) < 1e-9 for row in bh.errors(bh.medians_of(records), fitted))
-    rows = {(h, s): (faster, auto, ring) for h, s, faster, auto, ring in bh.projection(fitted)}
-    assert rows[1024, 8][0] == "recursive_doubling" and rows[1024, 8][1] < rows[1024, 8][2]
-    assert rows[64, 16 << 20][0] == "ring"
-    assert rows[64, 32768][1] == rows[64, 32768][2]  # above auto's threshold: the ring
+    model = bh.Model(**BETWEEN_HOSTS)
+    records = _between_hosts_records(bh, model)
+    records.append(dict(records[0], impl="gloo"))  # other implementations are ignored
+    path = tmp_path / "between_hosts.json"
+    path.write_text(json.dumps(records))
+    points = bh.load([str(path)], cores=2)
+    fitted = bh.fit(points)
+    for name in bh.PARAMETERS:
+        assert getattr(fitted, name) == pytest.approx(getattr(model, name), rel=1e-9), name
+    assert all(abs(r["error"]) < 1e-9 for r in bh.errors(points, fitted))
+    # Each term was the largest somewhere: the ring's CPU at 4 ranks per core, not at 1.
+    assert bh.predicted_us(model, "all_reduce", "ring", 8, 1 << 26, 4) > \
+        bh.predicted_us(model.__class__(**dict(BETWEEN_HOSTS, host_byte_ring=0)), "all_reduce",
+                        "ring", 8, 1 << 26, 4)
+
+
+def test_between_hosts_load_takes_each_points_median_over_launches(tmp_path):
+    import between_hosts_model as bh
+
+    record = {"collective": "all_gather", "impl": "ringcomm-recursive_doubling", "nranks": 8,
+              "hosts": 4, "cores": 2, "size": 64, "inplace": False}
+    path = tmp_path / "launches.json"
+    path.write_text(json.dumps([dict(record, p50_us=t) for t in (300.0, 100.0, 200.0)]))
+    (point,) = bh.load([str(path)], cores=16)
+    assert point["time_us"] == 200.0 and point["ranks_per_core"] == 4.0
+    assert point["per_host"] == 2 and point["launches"] == [300.0, 100.0, 200.0]
+
+
+def test_between_hosts_command_line_prints_errors_projection_and_plot(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    import between_hosts_model as bh
+
+    path, png = tmp_path / "between_hosts.json", tmp_path / "model.png"
+    path.write_text(json.dumps(_between_hosts_records(bh, bh.Model(**BETWEEN_HOSTS))))
+    bh.main([str(path), "--plot", str(png), "--alpha-us", "5", "--gbps", "25"])
+    out = capsys.readouterr().out
+    assert "# worst: " in out and "144 of 144 within 25%" in out
+    assert "| all_gather | 1024 | 64M |" in out and "3125 MB/s" in out
+    assert png.stat().st_size > 10_000
+
+
+def test_between_hosts_projection_on_real_hosts():
+    import between_hosts_model as bh
+
+    model = bh.Model(**BETWEEN_HOSTS)
+    rows = {(c, h, s): (faster, ring, log_step, auto)
+            for c, h, s, faster, ring, log_step, auto in bh.projection(model)}
+    # 1,024 hosts, 8 B: 10 rounds against the ring's 2,046 hops.
+    faster, ring, log_step, auto = rows["all_reduce", 1024, 8]
+    assert faster == "recursive_doubling" and ring / log_step > 50 and auto == log_step
+    # All_reduce's doubled bytes: the ring from some size on, where auto has switched too.
+    faster, ring, _, auto = rows["all_reduce", 64, 64 << 20]
+    assert faster == "ring" and auto == ring
+    # One rank per core on a Network: the sum of latency and link, no emulated contention.
+    network = bh.Network(alpha=10e-6, beta=1 / 1e9)
+    t = bh.predicted_us(model, "all_gather", "ring", 64, 8, network=network)
+    assert t == pytest.approx(1e6 * (model.call + 63 * (model.hop_ring + 10e-6)) + 63 / 64 * 8e-3)
+    # The model's crossover is where the two algorithms' times meet.
+    s = bh.model_crossover(model, "all_reduce", 64)
+    assert bh.predicted_us(model, "all_reduce", "recursive_doubling", 64, s, network=bh.Network()) \
+        <= bh.predicted_us(model, "all_reduce", "ring", 64, s, network=bh.Network()) * (1 + 1e-9)
+    assert bh.predicted_us(model, "all_reduce", "recursive_doubling", 64, 2 * s,
+                           network=bh.Network()) > \
+        bh.predicted_us(model, "all_reduce", "ring", 64, 2 * s, network=bh.Network())
+
+
+def test_log_step_max_bytes_matches_the_headers_documented_switch_points():
+    import between_hosts_model as bh
+
+    # docs/benchmarks.md: 3 hosts 26,106 B / 81 B, 4 hosts 202,730 B, 8 hosts 208,468 B.
+    assert bh.log_step_max_bytes("all_reduce", 3) == 26106
+    assert bh.log_step_max_bytes("reduce_scatter", 3) == 81
+    assert bh.log_step_max_bytes("all_reduce", 4) == 202730
+    assert bh.log_step_max_bytes("all_reduce", 8) == 208468
+    assert bh.log_step_max_bytes("all_gather", 8) == 256 << 10
+    assert bh.log_step_max_bytes("all_reduce", 1) == 0
