@@ -243,6 +243,10 @@ def _size(nbytes):
     return cm._size(nbytes) if nbytes < math.inf else "any"
 
 
+def _bytes(nbytes):
+    return f"{nbytes:,}" if nbytes < math.inf else "any"
+
+
 def print_report(records, model, network=Network()):
     print(f"# fitted: call {model.call * 1e6:.1f} us, hop: ring {model.hop_ring * 1e6:.1f}, "
           f"recursive doubling {model.hop_recursive_doubling * 1e6:.1f} us, each per rank per "
@@ -271,17 +275,17 @@ def print_report(records, model, network=Network()):
     print(f"# projected: one rank per core, {network.alpha * 1e6:g} us per hop more, "
           f"{1e-6 / beta:.0f} MB/s")
     print("| collective | hosts | size | faster | ring (us) | recursive doubling (us) | auto (us) "
-          "| auto / ring |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| auto / ring | auto / faster |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for c, h, s, faster, ring, log_step, auto in projection(model, network):
         print(f"| {c} | {h} | {_size(s)} | {faster} | {ring:.0f} | {log_step:.0f} | {auto:.0f} "
-              f"| {auto / ring:.2f} |")
-    print("| collective | hosts | model's crossover | logStepMaxBytes |")
+              f"| {auto / ring:.2f} | {auto / min(ring, log_step):.2f} |")
+    print("| collective | hosts | model's crossover (B) | logStepMaxBytes (B) |")
     print("|---|---|---|---|")
     for c in COLLECTIVES:
         for h in (2, 3, 4, 8) + PROJECTED_HOSTS:
-            print(f"| {c} | {h} | {_size(model_crossover(model, c, h, network))} "
-                  f"| {_size(log_step_max_bytes(c, h))} |")
+            print(f"| {c} | {h} | {_bytes(model_crossover(model, c, h, network))} "
+                  f"| {_bytes(log_step_max_bytes(c, h))} |")
 
 
 def plot(path, records, model, network=Network()):
