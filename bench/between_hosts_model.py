@@ -290,7 +290,8 @@ def print_report(records, model, network=Network()):
 
 def plot(path, records, model, network=Network()):
     """Top: each emulated layout's model (lines) and measured medians (ring o, recursive
-    doubling x); bottom: projected on `network`. One colour per layout or host count."""
+    doubling x); bottom: projected on `network`, auto's switch dotted. One colour per layout
+    or host count."""
     import matplotlib
     matplotlib.use("Agg")  # files only
     import matplotlib.pyplot as plt
@@ -314,6 +315,8 @@ def plot(path, records, model, network=Network()):
                 bottom.plot(sizes, [predicted_us(model, c, a, h, s, network=network)
                                     for s in sizes], line, color=f"C{colour}",
                             label=f"{a}, {h} hosts")
+        for switch in sorted({log_step_max_bytes(c, h) for h in PROJECTED_HOSTS}):
+            bottom.axvline(switch, color="grey", linestyle=":", label="logStepMaxBytes")
         bottom.set_title(f"{c}, projected: a core per rank")
         for ax in (top, bottom):
             ax.set_xscale("log", base=2), ax.set_yscale("log")
