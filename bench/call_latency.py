@@ -8,7 +8,9 @@ the time is the call's own path, and the differences are what each layer adds.
     python bench/call_latency.py --json r.json            # also write the medians
 
 A third path is the Communicator with its flight record off (``trace_buffer=0``): the
-record's cost per call is the first path's time over it.
+record's cost per call is the first path's time over it. A fourth is ``dist.all_reduce`` on a
+group of torch's own C++ backend that does nothing (``fake``, from torch's testing package):
+what torch itself costs per call, the floor under any backend's ``dist.all_reduce``.
 
 Spawns --nproc local ranks. The paths run in alternating blocks of --calls calls, so that
 machine noise hits them alike; each block's mean per call is one sample, and rank 0 prints the
@@ -26,6 +28,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+import torch.testing._internal.distributed.fake_pg  # noqa: F401  registers torch's "fake" backend
 
 try:
     import ringcomm
@@ -71,12 +74,15 @@ def _rank(rank, world_size, init_file, args, results):
     comm = ringcomm.Communicator(timeout=120)
     unrecorded = ringcomm.Communicator(timeout=120, trace_buffer=0)
     group = dist.new_group(backend="ringcomm")
+    no_op = dist.new_group(backend="fake")
     t = torch.ones(max(1, args.bytes // 4))
+    untouched = t.clone()
     core = _core_loop(comm, t)
     paths = {"core loop (C++)": None,
              "Communicator.all_reduce": lambda: comm.all_reduce(t),
              "dist.all_reduce (ringcomm group)": lambda: dist.all_reduce(t, group=group),
-             "Communicator, trace_buffer=0": lambda: unrecorded.all_reduce(t)}
+             "Communicator, trace_buffer=0": lambda: unrecorded.all_reduce(t),
+             "dist.all_reduce (no-op C++ backend)": lambda: dist.all_reduce(untouched, group=no_op)}
     core(args.warmup)
     for call in filter(None, paths.values()):
         for _ in range(args.warmup):

@@ -8,7 +8,6 @@ which take the place of ``Communicator.all_reduce`` and ``broadcast``), else the
 ``debug``/``check_finite`` exchange and then, by one decision, runs the request now on the
 calling thread (on a device backend: on the caller's stream there) or queues it on the worker
 thread behind asynchronous work."""
-import threading
 
 import torch
 from torch.autograd import profiler as _torch_profiler
@@ -40,7 +39,7 @@ class Router:
         self._backends = {}  # (device, index) -> _C.Communicator
         self._cpu = None  # the CPU ring's _C.Communicator once set up, until closed
         self._links = None  # the CPU ring's point-to-point links, set up on first use
-        self._lock = threading.Lock()
+        self._lock = _C.RouterGate()  # a lock; its ring_open mirrors `_cpu` for the entries
         self._queue = InOrderQueue()  # async_op collectives on CPU, in call order
         self._stats_base = {}  # backend -> collectives run before the last reset_stats
         self._closed = False
@@ -88,7 +87,7 @@ class Router:
             return None
         return comm.in_place_entry(
             collective, algorithm, owner, method, self._lock, self._queue, on_worker,
-            (self, "_cpu"), ((log, "tracing"), (_torch_profiler, "_is_profiler_enabled")),
+            ((log, "tracing"), (_torch_profiler, "_is_profiler_enabled")),
             torch.Tensor, TORCH_C_DTYPES)
 
     def try_run_now(self, request):
@@ -193,6 +192,7 @@ class Router:
             comm = backend.create(self._rendezvous, index, self._options, ordinal)
             if device == "cpu":
                 self._cpu = comm  # the fast way's ring (see try_run_now)
+                self._lock.ring_open = True
             self._backends[key] = comm
             log.set_up(self.rank, self.world_size, self._options, device, comm)
             self._recorder.watch(comm, self.flight_record)
@@ -257,6 +257,7 @@ class Router:
             self._recorder.write_or_warn(self.flight_record(), "closed")
         with self._lock:
             self._closed, self._cpu = True, None
+            self._lock.ring_open = False
             if self._links is not None:  # before the ring goes: see transport/shm.py's links
                 cpu = self._backends.get(("cpu", -1))
                 self._links.close(failed=cpu is None or bool(cpu.failure))

@@ -4,6 +4,8 @@ import dataclasses
 import gc
 import inspect
 import os
+import threading
+import time
 import weakref
 
 import numpy as np
@@ -268,6 +270,31 @@ def test_all_reduce_entry_runs_plain_calls_and_hands_the_rest_to_the_checked_rou
         assert got["param"] == [2.0] * 4 and got["wire"] == [2.0] * 6
         assert got["ring"] == [2.0] * 9 and got["async"] == [2.0] * 4
         assert got["keywords"] == [1.0] * 2
+
+
+def test_router_gate_is_a_lock_that_a_second_thread_waits_for():
+    """The gate the entries take in C is the router's lock for Python too: `with`, acquire,
+    release, and a second thread waits until the first lets go."""
+    gate = ringcomm._C.RouterGate()
+    assert not gate.locked() and gate.ring_open is False
+    with pytest.raises(RuntimeError, match="unlocked"):
+        gate.release()
+    order = []
+
+    def second():
+        with gate:
+            order.append("second")
+
+    with gate:
+        assert gate.locked()
+        waiter = threading.Thread(target=second)
+        waiter.start()
+        time.sleep(0.2)  # long enough for the thread to block on the gate
+        order.append("first")
+    waiter.join(10)
+    assert order == ["first", "second"] and not gate.locked()
+    gate.ring_open = True
+    assert gate.ring_open is True
 
 
 def test_schedule_is_exported():

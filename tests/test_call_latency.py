@@ -46,5 +46,6 @@ def test_call_latency_reports_every_layer():
                              os.environ.get("PYTHONPATH")]))})
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     for layer in ("core loop (C++)", "Communicator.all_reduce", "dist.all_reduce (ringcomm group)",
-                  "Communicator, trace_buffer=0", "flight record's cost"):
+                  "Communicator, trace_buffer=0", "dist.all_reduce (no-op C++ backend)",
+                  "flight record's cost"):
         assert layer in out.stdout, out.stdout

@@ -1,16 +1,19 @@
 #include "ringcomm/flight_recorder.h"
 
 #include <algorithm>
-#include <chrono>
+#include <ctime>
 #include <cstring>
 #include <sstream>
 
 namespace ringcomm {
 namespace {
 
+// The coarse clock (a few ms of resolution, ~6 ns a read against ~30 for the precise one):
+// twice per call, it was ~7% of a small collective; a record says when, not how long.
 double now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  timespec t{};
+  clock_gettime(CLOCK_REALTIME_COARSE, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
 }
 
 constexpr int32_t as_int(CallState state) { return static_cast<int32_t>(state); }

@@ -62,8 +62,8 @@ void bindCollectives(ClassOfComm& comm) {
            "CollectiveRequest, or its fields positionally (collective, output, input, count, "
            "dtype, op, root, algorithm, wire_dtype, stream)")
       .def("in_place_entry", &inPlaceEntry, py::arg("collective"), py::arg("algorithm"),
-           py::arg("owner"), py::arg("fallback"), py::arg("lock"), py::arg("queue"),
-           py::arg("on_worker"), py::arg("ring"), py::arg("observers"), py::arg("tensor_type"),
+           py::arg("owner"), py::arg("fallback"), py::arg("gate"), py::arg("queue"),
+           py::arg("on_worker"), py::arg("observers"), py::arg("tensor_type"),
            py::arg("tensor_dtypes"),
            "Communicator.all_reduce's or broadcast's entry on this ring: runs a call that asks "
            "nothing more at once, hands any other to `fallback` (in_place_entry.cc)")

@@ -36,17 +36,18 @@ void bindRequest(pybind11::module_& m);        // CollectiveRequest and its debu
 void bindTransports(pybind11::module_& m);     // Transport, Reducer and the CPU ones
 void bindCommunicator(pybind11::module_& m);   // Communicator, its traffic
 void bindTcp(pybind11::module_& m);            // SocketTransport
+void bindRouterGate(pybind11::module_& m);     // RouterGate (router_gate.cc)
 // Communicator.all_reduce's or broadcast's entry (`collective`) bound to `comm`
-// (in_place_entry.cc): runs a plain call at once under `lock` when `ring` (owner, name) is set,
-// the `queue`'s last call is None or on_worker(), and no observer (owner, name) is set; else
+// (in_place_entry.cc): runs a plain call at once under `gate` (a RouterGate) when its ring is
+// open, the `queue`'s last call is None or on_worker(), and no observer (owner, name) is set; else
 // calls `fallback(owner, *args, **kwargs)`. `owner`: the Python communicator, held by a weak
 // reference. `tensor_type` (torch.Tensor) and `tensor_dtypes` ({torch dtype: DataType}) say
 // which tensors.
 pybind11::object inPlaceEntry(std::shared_ptr<Communicator> comm, Collective collective,
                               Algorithm algorithm, pybind11::object owner,
-                              pybind11::object fallback, pybind11::object lock,
+                              pybind11::object fallback, pybind11::object gate,
                               pybind11::object queue, pybind11::object on_worker,
-                              pybind11::tuple ring, pybind11::tuple observers,
+                              pybind11::tuple observers,
                               pybind11::object tensor_type, pybind11::dict tensor_dtypes);
 // With CUDA only (python/cuda/): device queries, NCCL, CudaTransportAndReducer.
 void bindCuda(pybind11::module_& m);

@@ -1,7 +1,7 @@
 // Communicator.all_reduce's and broadcast's entries once the CPU ring is set up: a builtin per
 // collective, set on the communicator itself in place of the method, that runs the common call
 // (a plain numpy array or contiguous CPU torch tensor, the op or root plain, nothing else asked,
-// no trace or profiler listening, no queued call ahead) under the router's lock, and hands every
+// no trace or profiler listening, no queued call ahead) under the router's gate, and hands every
 // other call, as it came, to the method: the checked route. Making the same decision in Python,
 // or even entering a Python frame, costs a fair part of a small collective between two cores.
 #include <Python.h>
@@ -17,6 +17,7 @@
 
 #include "python/bindings.h"
 #include "python/in_place_args.h"
+#include "python/router_gate.h"
 
 namespace py = pybind11;
 
@@ -39,9 +40,8 @@ struct Entry {
   const std::vector<Keyword>* keywords;
   py::object owner;     // a weak reference to the Python communicator (it holds this entry)
   py::object fallback;  // Communicator.all_reduce, the checked route: (owner, *args, **kwargs)
-  py::object acquire, release, queue, onWorker, last;  // the router's lock, queue, "last"
+  py::object gate, queue, onWorker, last;  // the router's RouterGate and queue, "last"
   py::object tensorType, tensorDtypes;  // torch.Tensor; {torch dtype: _C.DataType}
-  std::pair<py::object, py::object> ring;  // (owner, name): set while the ring is open
   std::vector<std::pair<py::object, py::object>> observers;  // (owner, name): set: observe calls
 };
 
@@ -121,11 +121,10 @@ int observed(const Entry& e) {
   return 0;
 }
 
-// Whether the router may run a call now, with its lock held: its ring is open and no queued
+// Whether the router may run a call now, with its gate held: its ring is open and no queued
 // call is ahead (none queued, or this is the worker running them). -1 on error.
 int open(Entry& e) {
-  const int ringSetUp = flag(e.ring.first, e.ring.second);
-  if (ringSetUp <= 0) return ringSetUp;
+  if (!gateRingOpen(e.gate.ptr())) return 0;
   PyObject* last = PyObject_GetAttr(e.queue.ptr(), e.last.ptr());
   if (last == nullptr) return -1;
   const bool queued = last != Py_None;
@@ -136,20 +135,6 @@ int open(Entry& e) {
   const int truth = PyObject_IsTrue(onWorker);
   Py_DECREF(onWorker);
   return truth;
-}
-
-// Releases the router's lock, keeping the error a failed call left, if any.
-bool unlock(Entry& e) {
-  PyObject *type, *value, *trace;
-  PyErr_Fetch(&type, &value, &trace);
-  PyObject* done = PyObject_CallNoArgs(e.release.ptr());
-  Py_XDECREF(done);
-  if (type != nullptr) {
-    if (done == nullptr) PyErr_Clear();
-    PyErr_Restore(type, value, trace);
-    return false;
-  }
-  return done != nullptr;
 }
 
 // A broadcast's root given as a plain int of the world: false for anything else (the method
@@ -225,16 +210,16 @@ PyObject* runInPlace(PyObject* self, PyObject* const* args, size_t nargsf, PyObj
     }
   }
   if (!request) return handOn(e, args, n, kwnames);
-  PyObject* locked = PyObject_CallNoArgs(e.acquire.ptr());
-  if (locked == nullptr) return nullptr;
-  Py_DECREF(locked);
+  if (!enterGate(e.gate.ptr())) return nullptr;
   const int now = open(e);
   if (now <= 0) {
-    if (!unlock(e) || now < 0) return nullptr;
+    leaveGate(e.gate.ptr());
+    if (now < 0) return nullptr;
     return handOn(e, args, n, kwnames);
   }
   const bool ran = runReleased(*e.comm, *request);
-  if (!unlock(e) || !ran) return nullptr;
+  leaveGate(e.gate.ptr());
+  if (!ran) return nullptr;
   Py_INCREF(args[0]);
   return args[0];
 }
@@ -278,20 +263,19 @@ std::pair<py::object, py::object> attribute(const py::tuple& pair) {
 
 py::object inPlaceEntry(std::shared_ptr<Communicator> comm, Collective collective,
                         Algorithm algorithm, py::object owner, py::object fallback,
-                        py::object lock, py::object queue,
-                          py::object onWorker, py::tuple ring, py::tuple observers,
-                          py::object tensorType, py::dict tensorDtypes) {
+                        py::object gate, py::object queue, py::object onWorker,
+                        py::tuple observers, py::object tensorType, py::dict tensorDtypes) {
   if (collective != Collective::AllReduce && collective != Collective::Broadcast)
     throw py::value_error("in_place_entry: all_reduce or broadcast only");
+  if (!isRouterGate(gate.ptr())) throw py::type_error("in_place_entry: gate is not a RouterGate");
   auto e = std::make_unique<Entry>();
   PyObject* weak = PyWeakref_NewRef(owner.ptr(), nullptr);
   if (weak == nullptr) throw py::error_already_set();
   *e = Entry{std::move(comm), collective, algorithm, &keywordsOf(collective),
              py::reinterpret_steal<py::object>(weak),
-             std::move(fallback), lock.attr("acquire"),
-             lock.attr("release"), std::move(queue), std::move(onWorker),
+             std::move(fallback), std::move(gate), std::move(queue), std::move(onWorker),
              attribute(py::make_tuple(py::none(), "last")).second, std::move(tensorType),
-             std::move(tensorDtypes), attribute(ring), {}};
+             std::move(tensorDtypes), {}};
   for (py::handle pair : observers) e->observers.push_back(attribute(pair.cast<py::tuple>()));
   py::capsule self(e.get(), kCapsule, [](PyObject* capsule) {
     delete static_cast<Entry*>(PyCapsule_GetPointer(capsule, kCapsule));

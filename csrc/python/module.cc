@@ -47,6 +47,7 @@ PYBIND11_MODULE(_C, m) {
   python::bindTransports(m);
   python::bindCommunicator(m);
   python::bindTcp(m);
+  python::bindRouterGate(m);
 #ifdef RINGCOMM_WITH_CUDA
   python::bindCuda(m);
 #endif
