@@ -96,12 +96,15 @@ def test_uneven_hosts_all_reduce_through_their_leaders_exactly():
     assert leftovers == [[], []]
 
 
-@pytest.mark.parametrize("per_host", [(3, 1), (1, 3), (2, 1, 1)], ids=["3_1", "1_3", "2_1_1"])
-def test_uneven_hosts_reduce_scatter_and_all_gather_through_their_leaders_exactly(per_host):
-    """reduce_scatter and all_gather taken through the hosts' leaders: exact in and out of
-    place for every op at awkward counts and in several pieces, and only the leaders (each
-    host's first rank) send between hosts."""
-    env = dict(ENV, RINGCOMM_UNEVEN_THROUGH_LEADERS="1")
+@pytest.mark.parametrize("per_host,forced", [((3, 1), "1"), ((1, 3), "1"), ((2, 1, 1), "1"),
+                                              ((3, 2), "")], ids=["3_1", "1_3", "2_1_1", "3_2"])
+def test_uneven_hosts_reduce_scatter_and_all_gather_through_their_leaders_exactly(
+        per_host, forced):
+    """reduce_scatter and all_gather taken through the hosts' leaders (forced, or on 3+2 by
+    bytes: 3 blocks between hosts against the flat ring's 4): exact in and out of place for
+    every op at awkward counts and in several pieces, and only the leaders (each host's first
+    rank) send between hosts."""
+    env = dict(ENV, RINGCOMM_UNEVEN_THROUGH_LEADERS=forced)
     with EmulatedHosts(len(per_host)) as hosts:
         by_rank = results(hosts.torchrun([JOB, "blocks"], list(per_host), env=env, timeout=900))
         leftovers = [hosts.shm_files(h) for h in range(len(per_host))]
@@ -119,6 +122,18 @@ def test_uneven_hosts_reduce_scatter_and_all_gather_through_their_leaders_exactl
             if rank in leaders:  # its host's blocks, padded to the largest host's, (H-1) times
                 padded = (len(per_host) - 1) * max(per_host) * 64 * 1024
                 assert sum(sent[q] for q in across) == padded, (rank, name, sent)
+    assert leftovers == [[]] * len(per_host)
+
+
+@pytest.mark.parametrize("per_host", [(2, 1, 1), (1, 3)], ids=["2_1_1", "1_3"])
+def test_uneven_hosts_recursive_doubling_between_their_leaders_is_exact(per_host):
+    env = dict(ENV, RINGCOMM_UNEVEN_THROUGH_LEADERS="1")
+    with EmulatedHosts(len(per_host)) as hosts:
+        by_rank = results(hosts.torchrun([JOB, "doubling"], list(per_host), env=env, timeout=900))
+        leftovers = [hosts.shm_files(h) for h in range(len(per_host))]
+    assert sorted(by_rank) == list(range(sum(per_host)))
+    for r in by_rank.values():
+        assert r["cases"] > 100 and not r["failures"], r["failures"][:10]
     assert leftovers == [[]] * len(per_host)
 
 
