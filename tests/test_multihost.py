@@ -89,7 +89,52 @@ def test_uneven_hosts_all_reduce_through_their_leaders_exactly():
         assert across == ([3] if rank == 0 else [0] if rank == 3 else []), (rank, sent)
         if rank == 0:  # the leader sends the whole 256 KiB tensor's 2(H-1)/H once between hosts
             assert sent[3] == 256 * 1024, sent
+        # Through the leaders, reduce_scatter and all_gather would send as many bytes between
+        # hosts as the flat ring (3 of 4 blocks): the flat ring runs them (rank 2 sends to 3).
+        for name in ("reduce_scatter", "all_gather"):
+            assert bool(r["bytes_sent"][name][3]) == (rank == 2), (rank, name, r["bytes_sent"])
     assert leftovers == [[], []]
+
+
+@pytest.mark.parametrize("per_host,forced", [((3, 1), "1"), ((1, 3), "1"), ((2, 1, 1), "1"),
+                                              ((3, 2), "")], ids=["3_1", "1_3", "2_1_1", "3_2"])
+def test_uneven_hosts_reduce_scatter_and_all_gather_through_their_leaders_exactly(
+        per_host, forced):
+    """reduce_scatter and all_gather taken through the hosts' leaders (forced, or on 3+2 by
+    bytes: 3 blocks between hosts against the flat ring's 4): exact in and out of place for
+    every op at awkward counts and in several pieces, and only the leaders (each host's first
+    rank) send between hosts."""
+    env = dict(ENV, RINGCOMM_UNEVEN_THROUGH_LEADERS=forced)
+    with EmulatedHosts(len(per_host)) as hosts:
+        by_rank = results(hosts.torchrun([JOB, "blocks"], list(per_host), env=env, timeout=900))
+        leftovers = [hosts.shm_files(h) for h in range(len(per_host))]
+    world = sum(per_host)
+    host_of = [h for h, ranks in enumerate(per_host) for _ in range(ranks)]
+    leaders = [host_of.index(h) for h in range(len(per_host))]
+    assert sorted(by_rank) == list(range(world))
+    for rank, r in by_rank.items():
+        assert r["host"] == f"host{host_of[rank]}"
+        assert r["cases"] > 100 and not r["failures"], r["failures"][:10]
+        for name, sent in r["bytes_sent"].items():
+            across = [q for q in range(world) if sent[q] and host_of[q] != host_of[rank]]
+            assert set(across) <= set(leaders) and (not across or rank in leaders), (
+                rank, name, sent)
+            if rank in leaders:  # its host's blocks, padded to the largest host's, (H-1) times
+                padded = (len(per_host) - 1) * max(per_host) * 64 * 1024
+                assert sum(sent[q] for q in across) == padded, (rank, name, sent)
+    assert leftovers == [[]] * len(per_host)
+
+
+@pytest.mark.parametrize("per_host", [(2, 1, 1), (1, 3)], ids=["2_1_1", "1_3"])
+def test_uneven_hosts_recursive_doubling_between_their_leaders_is_exact(per_host):
+    env = dict(ENV, RINGCOMM_UNEVEN_THROUGH_LEADERS="1")
+    with EmulatedHosts(len(per_host)) as hosts:
+        by_rank = results(hosts.torchrun([JOB, "doubling"], list(per_host), env=env, timeout=900))
+        leftovers = [hosts.shm_files(h) for h in range(len(per_host))]
+    assert sorted(by_rank) == list(range(sum(per_host)))
+    for r in by_rank.values():
+        assert r["cases"] > 100 and not r["failures"], r["failures"][:10]
+    assert leftovers == [[]] * len(per_host)
 
 
 def test_ddp_trains_on_the_ringcomm_backend_across_hosts():
@@ -162,9 +207,11 @@ def test_a_lost_host_is_named_by_the_survivors_within_the_timeout(cause, algorit
     assert leftovers == [[], []], leftovers
 
 
-def test_a_lost_host_of_uneven_hosts_is_named_by_the_survivors_within_the_timeout():
+@pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter", "all_gather"])
+def test_a_lost_host_of_uneven_hosts_is_named_by_the_survivors_within_the_timeout(collective):
+    through_leaders = {"MULTIHOST_COLLECTIVE": collective, "RINGCOMM_UNEVEN_THROUGH_LEADERS": "1"}
     found, exited, struck, timeout, leftovers, shown = failure_run(
-        lambda hosts: hosts.kill_host(1), per_host=(3, 1))
+        lambda hosts: hosts.kill_host(1), through_leaders, per_host=(3, 1))
     assert sorted(r["rank"] for r in found) == [0, 1, 2], shown
     assert exited == 3, shown
     for r in found:

@@ -5,6 +5,8 @@ emulated host. Prints one line "RESULT <json>" at the end.
                big enough for several pieces), numpy,
                point-to-point round the world and an all_to_all, what the communicator saw of
                its hosts, and the bytes each rank sent to every other rank
+    blocks     reduce_scatter and all_gather (in and out of place) x op x awkward count, exact, and
+               blocks big enough for several pieces; the bytes each rank sent to every other
     ddp        a few DDP steps on the "ringcomm" torch backend, against a single-process replay
     doubling   all_reduce with algorithm=recursive_doubling (and the ring beside it) x dtype x op
                x awkward count against exact references, and bitwise alike on every rank;
@@ -102,6 +104,28 @@ def doubling(comm):
     return {"failures": checker.failures, "cases": checker.cases}
 
 
+def blocks(comm):
+    """reduce_scatter and all_gather, exact (on uneven hosts through their leaders when
+    RINGCOMM_UNEVEN_THROUGH_LEADERS=1): awkward counts, every op, several pieces."""
+    checker = Checker(comm)
+    n = comm.world_size
+    counts = sorted(set(counts_for(n)) | {2, 3, 13, 4099, 100_003})
+    checker.scatter_gather_sweep(counts, VALID, None)
+    big = (3 << 20) // n + 5  # several pieces, the last of 5 elements per block
+    for op in ("sum", "avg", "max"):
+        checker.reduce_scatters(big, torch.float32, op)
+    checker.all_gathers(big, torch.int32)
+    sent = {}
+    for name, call in (("reduce_scatter", lambda: comm.reduce_scatter(
+                           torch.empty(1 << 14), torch.ones(n << 14))),
+                       ("all_gather", lambda: comm.all_gather(
+                           torch.empty(n << 14), torch.ones(1 << 14)))):
+        comm.reset_stats()
+        call()
+        sent[name] = comm.stats().bytes_sent
+    return {"failures": checker.failures, "cases": checker.cases, "bytes_sent": sent}
+
+
 def ddp(_comm):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
@@ -163,7 +187,7 @@ def main():
     dist.init_process_group("gloo")
     comm = ringcomm.Communicator(timeout=TIMEOUT)
     result = {"rank": comm.rank, "host": os.uname().nodename}
-    result.update({"sweep": sweep, "doubling": doubling, "ddp": ddp, "failure": failure}[mode](comm))
+    result.update({"sweep": sweep, "doubling": doubling, "blocks": blocks, "ddp": ddp, "failure": failure}[mode](comm))
     os.write(1, ("RESULT " + json.dumps(result) + "\n").encode())  # one write: lines never mix
     sys.stderr.write(f"rank {comm.rank}: closing\n")
     comm.close()

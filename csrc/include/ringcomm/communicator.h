@@ -124,8 +124,9 @@ class Communicator {
   // (csrc/core/two_level.cc) while every other call runs on this communicator's own ring.
   // hostRanks[h][i]: the rank of host h's i-th rank in this communicator (local is host h's,
   // in that order; cross has host h's member as its rank h). Hosts of unequal rank counts:
-  // `cross` joins each host's first rank (its leader) and is null on the others, and only
-  // all_reduce runs in two levels (reduce to the leader, between leaders, broadcast).
+  // `cross` joins each host's first rank (its leader) and is null on the others: all_reduce,
+  // and reduce_scatter and all_gather where that sends fewer bytes between hosts than the flat
+  // ring, run through the leaders (two_level.cc).
   // A host path: buffers are host memory.
   void setLevels(std::shared_ptr<Communicator> local, std::shared_ptr<Communicator> cross,
                  std::vector<std::vector<int>> hostRanks);
@@ -167,7 +168,10 @@ class Communicator {
   // algorithm between hosts (recursive_doubling) takes the ring there.
   Algorithm flatAlgorithm(Algorithm requested) const;
   void allReduceInTwoLevels(const CollectiveRequest& request);
-  void allReduceThroughLeaders(const CollectiveRequest& request);  // uneven hosts
+  // Uneven hosts: through each host's first rank.
+  void allReduceThroughLeaders(const CollectiveRequest& request);
+  void reduceScatterThroughLeaders(const CollectiveRequest& request);
+  void allGatherThroughLeaders(const CollectiveRequest& request);
   void reduceScatterInTwoLevels(const CollectiveRequest& request);
   void allGatherInTwoLevels(const CollectiveRequest& request);
   // Copies piece [offset, offset + bytes) of every rank's block of `blockBytes` between rank
