@@ -128,6 +128,11 @@ OPTIONS = (
            "calling thread, and threads it starts later, to its share (only where every rank "
            "there is a process allowed the same CPUs, one at least each; the first "
            "communicator decides); ``off``: never"),
+    Option("uneven_leaders", "RINGCOMM_UNEVEN_LEADERS", str.lower, "auto",
+           "across hosts of unequal rank counts: reduce_scatter and all_gather through each "
+           "host's first rank where a leader sends fewer bytes between hosts than the flat "
+           "ring's busiest host (``auto``; all_reduce always goes through them); ``on``: "
+           "always; ``off``: never (the same on every rank)"),
     Option("socket_ifname", "RINGCOMM_SOCKET_IFNAME", str, "",
            "across hosts: the network interface whose IPv4 address peers on other hosts "
            "connect to; empty: the one that routes toward ``MASTER_ADDR``, else the host name's"),
@@ -215,6 +220,8 @@ class _Options:
         check_algorithm(values["algorithm"])
         if values["pin_cores"] not in ("auto", "off"):
             raise ValueError(f"pin_cores={values['pin_cores']!r}: auto or off")
+        if values["uneven_leaders"] not in ("auto", "on", "off"):
+            raise ValueError(f"uneven_leaders={values['uneven_leaders']!r}: auto, on or off")
         for flag in ("debug", "check_finite"):
             values[flag] = bool(values[flag])
         values["timeout"] = timeout_seconds(self.timeout)

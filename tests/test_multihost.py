@@ -96,7 +96,7 @@ def test_uneven_hosts_all_reduce_through_their_leaders_exactly():
     assert leftovers == [[], []]
 
 
-@pytest.mark.parametrize("per_host,forced", [((3, 1), "1"), ((1, 3), "1"), ((2, 1, 1), "1"),
+@pytest.mark.parametrize("per_host,forced", [((3, 1), "on"), ((1, 3), "on"), ((2, 1, 1), "on"),
                                               ((3, 2), "")], ids=["3_1", "1_3", "2_1_1", "3_2"])
 def test_uneven_hosts_reduce_scatter_and_all_gather_through_their_leaders_exactly(
         per_host, forced):
@@ -104,7 +104,7 @@ def test_uneven_hosts_reduce_scatter_and_all_gather_through_their_leaders_exactl
     bytes: 3 blocks between hosts against the flat ring's 4): exact in and out of place for
     every op at awkward counts and in several pieces, and only the leaders (each host's first
     rank) send between hosts."""
-    env = dict(ENV, RINGCOMM_UNEVEN_THROUGH_LEADERS=forced)
+    env = dict(ENV, RINGCOMM_UNEVEN_LEADERS=forced)
     with EmulatedHosts(len(per_host)) as hosts:
         by_rank = results(hosts.torchrun([JOB, "blocks"], list(per_host), env=env, timeout=900))
         leftovers = [hosts.shm_files(h) for h in range(len(per_host))]
@@ -127,7 +127,7 @@ def test_uneven_hosts_reduce_scatter_and_all_gather_through_their_leaders_exactl
 
 @pytest.mark.parametrize("per_host", [(2, 1, 1), (1, 3)], ids=["2_1_1", "1_3"])
 def test_uneven_hosts_recursive_doubling_between_their_leaders_is_exact(per_host):
-    env = dict(ENV, RINGCOMM_UNEVEN_THROUGH_LEADERS="1")
+    env = dict(ENV, RINGCOMM_UNEVEN_LEADERS="on")
     with EmulatedHosts(len(per_host)) as hosts:
         by_rank = results(hosts.torchrun([JOB, "doubling"], list(per_host), env=env, timeout=900))
         leftovers = [hosts.shm_files(h) for h in range(len(per_host))]
@@ -209,7 +209,7 @@ def test_a_lost_host_is_named_by_the_survivors_within_the_timeout(cause, algorit
 
 @pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter", "all_gather"])
 def test_a_lost_host_of_uneven_hosts_is_named_by_the_survivors_within_the_timeout(collective):
-    through_leaders = {"MULTIHOST_COLLECTIVE": collective, "RINGCOMM_UNEVEN_THROUGH_LEADERS": "1"}
+    through_leaders = {"MULTIHOST_COLLECTIVE": collective, "RINGCOMM_UNEVEN_LEADERS": "on"}
     found, exited, struck, timeout, leftovers, shown = failure_run(
         lambda hosts: hosts.kill_host(1), through_leaders, per_host=(3, 1))
     assert sorted(r["rank"] for r in found) == [0, 1, 2], shown

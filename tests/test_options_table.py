@@ -83,7 +83,7 @@ def _other_text(option):
         return "0" if option.default else "1"
     if option.name == "algorithm":
         return next(a for a in ringcomm.options.ALGORITHMS if a != option.default)
-    if option.name == "pin_cores":
+    if option.name in ("pin_cores", "uneven_leaders"):
         return "off"
     if isinstance(option.default, str):
         return "/nowhere/libnccl.so.2"
@@ -207,3 +207,9 @@ def test_sizes_take_binary_units_and_a_bad_value_names_its_variable(monkeypatch)
     monkeypatch.setenv("RINGCOMM_SHM_SLOT_BYTES", "lots")
     with pytest.raises(ValueError, match=r"RINGCOMM_SHM_SLOT_BYTES='lots': 'lots' is not a size"):
         CommOptions(timeout=7).resolved(world_size=1)
+
+
+@pytest.mark.parametrize("name,bad", [("pin_cores", "sometimes"), ("uneven_leaders", "1")])
+def test_a_word_option_refuses_other_words(name, bad):
+    with pytest.raises(ValueError, match=f"{name}='{bad}'"):
+        CommOptions(timeout=7, **{name: bad}).resolved(world_size=1)

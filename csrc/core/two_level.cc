@@ -8,7 +8,6 @@
 // likewise, in pieces of every block. The level between hosts runs the
 // request's algorithm: the ring, recursive_doubling, or auto's pick between them by size.
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <optional>
 
@@ -40,11 +39,8 @@ size_t largestHost(const std::vector<std::vector<int>>& hostRanks) {
 // The flat ring sends N-1 blocks over each of its links, so a host sends (N-1) per link of the
 // ring that leaves it. The leaders run where their busiest host sends fewer blocks than the
 // flat ring's; where it is a tie (2 hosts, the smaller of one rank: M = N-1) the flat ring
-// runs, without the steps inside the host. RINGCOMM_UNEVEN_THROUGH_LEADERS=1 (or 0), the same
-// on every rank, takes the leaders (or the flat ring) always: for tests and benchmarks.
+// runs, without the steps inside the host (the option uneven_leaders may say always or never).
 bool leadersSendFewerBlocks(const std::vector<std::vector<int>>& hostRanks, int worldSize) {
-  static const char* forced = std::getenv("RINGCOMM_UNEVEN_THROUGH_LEADERS");
-  if (forced && *forced) return std::strcmp(forced, "0") != 0;
   std::vector<int> onHost(worldSize);
   for (size_t h = 0; h < hostRanks.size(); ++h)
     for (int r : hostRanks[h]) onHost[r] = static_cast<int>(h);
@@ -111,7 +107,8 @@ std::vector<HostPiece> hostPieces(size_t count, size_t elementBytes, size_t host
 
 void Communicator::setLevels(std::shared_ptr<Communicator> local,
                              std::shared_ptr<Communicator> cross,
-                             std::vector<std::vector<int>> hostRanks) {
+                             std::vector<std::vector<int>> hostRanks,
+                             std::optional<bool> unevenLeaders) {
   RC_CHECK(local, "two levels need a communicator inside the host");
   const size_t hosts = hostRanks.size();
   size_t ranks = 0;
@@ -147,6 +144,7 @@ void Communicator::setLevels(std::shared_ptr<Communicator> local,
   for (const std::vector<int>& members : hostRanks) cross_.ranks.push_back(members[even ? index : 0]);
   hostRanks_ = std::move(hostRanks);
   unevenHosts_ = !even;
+  blocksThroughLeaders_ = unevenLeaders.value_or(leadersSendFewerBlocks(hostRanks_, worldSize_));
 }
 
 bool Communicator::runsInTwoLevels(const CollectiveRequest& r) const {
@@ -159,7 +157,7 @@ bool Communicator::runsInTwoLevels(const CollectiveRequest& r) const {
       break;
     case Collective::ReduceScatter:
     case Collective::AllGather:
-      if (unevenHosts_ && !leadersSendFewerBlocks(hostRanks_, worldSize_)) return false;
+      if (unevenHosts_ && !blocksThroughLeaders_) return false;
       break;
     default:
       return false;

@@ -35,7 +35,8 @@ def create(rendezvous, options, hosts):
             leaders = tuple(ranks[0] for ranks in hosts.ranks)
             cross = None if hosts.local_index else _ring(
                 rendezvous.subgroup("leaders", leaders), options, hosts.of(leaders))
-        comm.set_levels(local, cross, [list(ranks) for ranks in hosts.ranks])
+        leaders = {"auto": None, "on": True, "off": False}[options.uneven_leaders]
+        comm.set_levels(local, cross, [list(ranks) for ranks in hosts.ranks], leaders)
     return comm
 
 

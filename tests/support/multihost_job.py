@@ -65,16 +65,26 @@ def sweep(comm):
     comm.all_to_all(received, sent)
     expected = torch.cat([torch.arange(3 * r, 3 * r + 3, dtype=torch.int64) + 100 * q for q in range(n)])
     checker.check("all_to_all_single", received, expected)
+    sent = bytes_sent(comm, [("all_reduce", lambda: comm.all_reduce(torch.ones(1 << 16)))]
+                      + block_calls(comm))
+    return {"failures": checker.failures, "cases": checker.cases, "bytes_sent": sent}
+
+
+def block_calls(comm):
+    """(name, call) of a reduce_scatter and an all_gather of 64 KiB blocks."""
+    n = comm.world_size
+    return [("reduce_scatter", lambda: comm.reduce_scatter(torch.empty(1 << 14), torch.ones(n << 14))),
+            ("all_gather", lambda: comm.all_gather(torch.empty(n << 14), torch.ones(1 << 14)))]
+
+
+def bytes_sent(comm, calls):
+    """{name: bytes this rank sent in call()} for each (name, call), the stats reset before each."""
     sent = {}
-    for name, call in (("all_reduce", lambda: comm.all_reduce(torch.ones(1 << 16))),
-                       ("reduce_scatter", lambda: comm.reduce_scatter(
-                           torch.empty(1 << 14), torch.ones(n << 14))),
-                       ("all_gather", lambda: comm.all_gather(
-                           torch.empty(n << 14), torch.ones(1 << 14)))):
+    for name, call in calls:
         comm.reset_stats()
         call()
         sent[name] = comm.stats().bytes_sent
-    return {"failures": checker.failures, "cases": checker.cases, "bytes_sent": sent}
+    return sent
 
 
 def doubling(comm):
@@ -106,7 +116,7 @@ def doubling(comm):
 
 def blocks(comm):
     """reduce_scatter and all_gather, exact (on uneven hosts through their leaders when
-    RINGCOMM_UNEVEN_THROUGH_LEADERS=1): awkward counts, every op, several pieces."""
+    uneven_leaders=on): awkward counts, every op, several pieces."""
     checker = Checker(comm)
     n = comm.world_size
     counts = sorted(set(counts_for(n)) | {2, 3, 13, 4099, 100_003})
@@ -115,15 +125,8 @@ def blocks(comm):
     for op in ("sum", "avg", "max"):
         checker.reduce_scatters(big, torch.float32, op)
     checker.all_gathers(big, torch.int32)
-    sent = {}
-    for name, call in (("reduce_scatter", lambda: comm.reduce_scatter(
-                           torch.empty(1 << 14), torch.ones(n << 14))),
-                       ("all_gather", lambda: comm.all_gather(
-                           torch.empty(n << 14), torch.ones(1 << 14)))):
-        comm.reset_stats()
-        call()
-        sent[name] = comm.stats().bytes_sent
-    return {"failures": checker.failures, "cases": checker.cases, "bytes_sent": sent}
+    return {"failures": checker.failures, "cases": checker.cases,
+            "bytes_sent": bytes_sent(comm, block_calls(comm))}
 
 
 def ddp(_comm):

@@ -124,12 +124,13 @@ class Communicator {
   // (csrc/core/two_level.cc) while every other call runs on this communicator's own ring.
   // hostRanks[h][i]: the rank of host h's i-th rank in this communicator (local is host h's,
   // in that order; cross has host h's member as its rank h). Hosts of unequal rank counts:
-  // `cross` joins each host's first rank (its leader) and is null on the others: all_reduce,
-  // and reduce_scatter and all_gather where that sends fewer bytes between hosts than the flat
-  // ring, run through the leaders (two_level.cc).
+  // `cross` joins each host's first rank (its leader) and is null on the others: all_reduce
+  // runs through the leaders, and so do reduce_scatter and all_gather where that sends fewer
+  // bytes between hosts than the flat ring (`unevenLeaders` unset; true: always; false: never).
   // A host path: buffers are host memory.
   void setLevels(std::shared_ptr<Communicator> local, std::shared_ptr<Communicator> cross,
-                 std::vector<std::vector<int>> hostRanks);
+                 std::vector<std::vector<int>> hostRanks,
+                 std::optional<bool> unevenLeaders = std::nullopt);
 
   // Keeps the last `calls` calls (flight_recorder.h; 0: none): flightRecord() returns them, and
   // an error a call raises ends with the last few.
@@ -231,6 +232,7 @@ class Communicator {
   Level local_{nullptr, {}, "inside this host"}, cross_{nullptr, {}, "between hosts"};
   std::vector<std::vector<int>> hostRanks_;
   bool unevenHosts_ = false;  // hosts of unequal rank counts: one level between their leaders
+  bool blocksThroughLeaders_ = false;  // uneven: reduce_scatter and all_gather through them too
   // Shared with a device transport, which marks calls done from its own thread.
   std::shared_ptr<FlightRecorder> recorder_ = std::make_shared<FlightRecorder>();
   FlightRecorder::Entry* current_ = nullptr;  // the running call's entry (the data thread's)
