@@ -66,6 +66,24 @@ namespace {
 
 thread_local int currentDevice = 0;
 
+// CUDA lets an event be destroyed while a stream's record or wait still names it (it is freed
+// once the device is done with it): a transport's close does so while a caller's stream, which it
+// never synchronizes, may not yet have run its wait. Each such pending record or wait holds a
+// reference; the handle holds one.
+struct CountedEvent : Event {
+  std::atomic<int> references{1};
+};
+
+Event* hold(Event* ev) {
+  static_cast<CountedEvent*>(ev)->references.fetch_add(1);
+  return ev;
+}
+
+void drop(Event* ev) {
+  auto* counted = static_cast<CountedEvent*>(ev);
+  if (counted->references.fetch_sub(1) == 1) delete counted;
+}
+
 cudaError_t getDevice(int* device) {
   count("cudaGetDevice");
   *device = currentDevice;
@@ -143,19 +161,27 @@ cudaError_t streamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) {
   }
   // An event recorded outside: inside a capture only as an external wait.
   if (st->capture != nullptr) return failed(cudaErrorStreamCaptureIsolation);
-  if (target > 0) waitFor(st, ev, target);  // never recorded: nothing to wait for
+  if (target > 0) {  // never recorded: nothing to wait for
+    st->push([ev = hold(ev), target] {
+      {
+        std::unique_lock<std::mutex> lock(ev->mutex);
+        ev->done.wait(lock, [&] { return ev->completed >= target; });
+      }
+      drop(ev);
+    });
+  }
   return cudaSuccess;
 }
 
 cudaError_t eventCreate(cudaEvent_t* e, unsigned int) {
   count("cudaEventCreateWithFlags");
-  *e = reinterpret_cast<cudaEvent_t>(new Event());
+  *e = reinterpret_cast<cudaEvent_t>(static_cast<Event*>(new CountedEvent()));
   return cudaSuccess;
 }
 
 cudaError_t eventDestroy(cudaEvent_t e) {
   count("cudaEventDestroy");
-  delete event(e);
+  drop(event(e));
   return cudaSuccess;
 }
 
@@ -181,7 +207,10 @@ cudaError_t record(cudaEvent_t e, cudaStream_t s, bool external) {
     generation = ++ev->recorded;
     ev->capturedIn = nullptr;
   }
-  st->push([ev, generation] { complete(ev, generation); });
+  st->push([ev = hold(ev), generation] {
+    complete(ev, generation);
+    drop(ev);
+  });
   return cudaSuccess;
 }
 
