@@ -4,6 +4,7 @@ import dataclasses
 import gc
 import inspect
 import os
+import sys
 import threading
 import time
 import weakref
@@ -205,6 +206,22 @@ def test_numpy_arrays_reduce_and_broadcast_exactly_and_bad_ones_are_refused():
             assert got.dtype == expected.dtype and got.tolist() == expected.tolist(), t
 
 
+def by_the_entry(call):
+    """call()'s result, and whether it ran without entering the checked route (no Python frame
+    of Router.run_in_place, through which the method runs every all_reduce)."""
+    route, entered = ringcomm.routing.Router.run_in_place.__code__, []
+
+    def watch(frame, event, arg):
+        if event == "call" and frame.f_code is route:
+            entered.append(frame)
+    sys.setprofile(watch)
+    try:
+        result = call()
+    finally:
+        sys.setprofile(None)
+    return result, not entered
+
+
 def entry_calls(rank, n):
     """all_reduce once the ring's entry is installed: what it runs itself, what it hands on."""
     comm = ringcomm.Communicator(timeout=30)
@@ -219,12 +236,21 @@ def entry_calls(rank, n):
     got["numpy"] = comm.all_reduce(np.full(5, rank + 1.0, dtype=np.float64))
     got["tensor"] = comm.all_reduce(torch.full((7,), rank + 2, dtype=torch.int64), "max")
     got["c_op"] = comm.all_reduce(torch.full((2,), rank + 3.0), ringcomm._C.RedOp.min)
+    # An algorithm by name, each the entry's own call: exact, and no Python frame on the way.
+    for name in ringcomm.options.IN_HOST_ALGORITHMS:
+        x = np.arange(11, dtype=np.float32) + rank
+        got[f"by {name}"], direct = by_the_entry(
+            lambda: comm.all_reduce(x, "sum", algorithm=name))
+        assert direct, name
+    _, direct = by_the_entry(lambda: comm.all_reduce(torch.ones(3), "SUM"))
+    assert not direct  # the checked route, as the next calls
+    with pytest.raises(ValueError, match="unknown algorithm 'rings'"):
+        comm.all_reduce(np.ones(2, dtype=np.float32), algorithm="rings")
     # Handed to the checked route as they came: each still exact, or refused as before.
     got["upper"] = comm.all_reduce(torch.full((3,), 2.0), "SUM")
     got["enum"] = comm.all_reduce(torch.full((3,), rank + 5.0), ringcomm.ReduceOp.MAX)
     got["param"] = comm.all_reduce(torch.nn.Parameter(torch.ones(4), requires_grad=False))
     got["wire"] = comm.all_reduce(torch.ones(6), wire_dtype=torch.bfloat16)
-    got["ring"] = comm.all_reduce(torch.ones(9), algorithm="ring")
     got["keywords"] = comm.all_reduce(tensor=np.ones(2), op="max", async_op=False, algorithm=None)
     work = comm.all_reduce(np.ones(4, dtype=np.float32), async_op=True)
     after = comm.all_reduce(np.ones(4, dtype=np.float32))  # waits behind the queued call
@@ -268,8 +294,10 @@ def test_all_reduce_entry_runs_plain_calls_and_hands_the_rest_to_the_checked_rou
         assert got["tensor"] == [n + 1] * 7 and got["c_op"] == [3.0] * 2
         assert got["upper"] == [4.0] * 3 and got["enum"] == [n + 4.0] * 3
         assert got["param"] == [2.0] * 4 and got["wire"] == [2.0] * 6
-        assert got["ring"] == [2.0] * 9 and got["async"] == [2.0] * 4
+        assert got["async"] == [2.0] * 4
         assert got["keywords"] == [1.0] * 2
+        for name in ringcomm.options.IN_HOST_ALGORITHMS:
+            assert got[f"by {name}"] == [2.0 * i + 1 for i in range(11)], name
 
 
 def test_router_gate_is_a_lock_that_a_second_thread_waits_for():

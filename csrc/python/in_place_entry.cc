@@ -1,8 +1,8 @@
 // Communicator.all_reduce's and broadcast's entries once the CPU ring is set up: a builtin per
 // collective, set on the communicator itself in place of the method, that runs the common call
-// (a plain numpy array or contiguous CPU torch tensor, the op or root plain, nothing else asked,
-// no trace or profiler listening, no queued call ahead) under the router's gate, and hands every
-// other call, as it came, to the method: the checked route. Making the same decision in Python,
+// (a plain numpy array or contiguous CPU torch tensor, the op or root plain, an algorithm by
+// name or none, nothing else asked, no trace or profiler listening, no queued call ahead) under
+// the router's gate, and hands every other call, as it came, to the method: the checked route. Making the same decision in Python,
 // or even entering a Python frame, costs a fair part of a small collective between two cores.
 #include <Python.h>
 #include <pybind11/pybind11.h>
@@ -26,11 +26,13 @@ namespace {
 
 constexpr const char* kCapsule = "ringcomm.InPlaceEntry";
 
-// A keyword a plain call may give, with the one value that asks nothing more (nullptr: the
-// collective's own argument, `op` or `src`, read as such).
+// A keyword a plain call may give: the collective's own argument (`op` or `src`), the
+// algorithm's name, or a keyword whose one plain value asks nothing more.
+enum class KeywordRole { Given, Algorithm, Plain };
 struct Keyword {
   PyObject* name;
-  PyObject* plain;
+  KeywordRole role;
+  PyObject* plain;  // KeywordRole::Plain's value
 };
 
 struct Entry {
@@ -89,7 +91,8 @@ PyObject* callMethod(PyObject* object, PyObject* name) {
 // The in-place request on a torch.Tensor (not a subclass) that is on the CPU, contiguous and
 // non-empty, of a dtype the ring takes, read through the tensor's own methods (no torch headers
 // here); nullopt otherwise, or with a Python error set if one of them raised.
-std::optional<CollectiveRequest> tensorRequest(const Entry& e, PyObject* t, RedOp op, int root) {
+std::optional<CollectiveRequest> tensorRequest(const Entry& e, PyObject* t, RedOp op, int root,
+                                              Algorithm algorithm) {
   if (Py_TYPE(t) != reinterpret_cast<PyTypeObject*>(e.tensorType.ptr())) return std::nullopt;
   auto value = [&](PyObject* read) { return py::reinterpret_steal<py::object>(read); };
   const TensorNames& names = tensorNames();
@@ -108,7 +111,7 @@ std::optional<CollectiveRequest> tensorRequest(const Entry& e, PyObject* t, RedO
   void* data = PyLong_AsVoidPtr(address.ptr());
   const size_t elements = PyLong_AsSize_t(count.ptr());
   if (PyErr_Occurred() || elements == 0) return std::nullopt;
-  return CollectiveRequest{e.collective, data, nullptr, elements, type, op, root, e.algorithm,
+  return CollectiveRequest{e.collective, data, nullptr, elements, type, op, root, algorithm,
                            std::nullopt, 0};
 }
 
@@ -137,6 +140,19 @@ int open(Entry& e) {
   return truth;
 }
 
+// The algorithm a call names: None (the communicator's default) or one of kAlgorithms' names
+// (what checks.algorithm takes); false for anything else (the method says what is wrong).
+bool plainAlgorithm(PyObject* given, Algorithm& algorithm) {
+  if (given == Py_None) return true;
+  if (!PyUnicode_CheckExact(given)) return false;
+  Py_ssize_t size = 0;
+  const char* text = PyUnicode_AsUTF8AndSize(given, &size);
+  if (text == nullptr) return PyErr_Clear(), false;
+  for (const AlgorithmInfo& row : kAlgorithms)
+    if (std::string_view(text, size) == row.name) return algorithm = row.algorithm, true;
+  return false;
+}
+
 // A broadcast's root given as a plain int of the world: false for anything else (the method
 // says what is wrong with it).
 bool plainRoot(const Entry& e, PyObject* given, int& root) {
@@ -147,11 +163,12 @@ bool plainRoot(const Entry& e, PyObject* given, int& root) {
   return root = static_cast<int>(value), true;
 }
 
-// The op (all_reduce) or root (broadcast) of a call that asks nothing more than
-// (tensor[, op or src]) of the collective, found among its arguments; false for any other call
-// (extra arguments, other values, unknown keywords).
+// The op (all_reduce) or root (broadcast), and the algorithm, of a call that asks nothing more
+// than (tensor[, op or src][, algorithm=]) of the collective, found among its arguments; false
+// for any other call (extra arguments, other values, unknown keywords).
 bool plainCall(const Entry& e, PyObject* const* args, Py_ssize_t n, PyObject* kwnames, RedOp& op,
-               int& root) {
+               int& root, Algorithm& algorithm) {
+  algorithm = e.algorithm;
   if (n < 1 || n > 2) return false;
   PyObject* given = n == 2 ? args[1] : nullptr;
   const Py_ssize_t named = kwnames == nullptr ? 0 : PyTuple_GET_SIZE(kwnames);
@@ -164,9 +181,11 @@ bool plainCall(const Entry& e, PyObject* const* args, Py_ssize_t n, PyObject* kw
     for (const Keyword& k : *e.keywords)
       if (match == nullptr && PyUnicode_Compare(k.name, name) == 0) match = &k;
     if (match == nullptr) return false;
-    if (match->plain == nullptr) {
+    if (match->role == KeywordRole::Given) {
       if (given != nullptr) return false;  // given twice: Python's own error, from the method
       given = value;
+    } else if (match->role == KeywordRole::Algorithm) {
+      if (!plainAlgorithm(value, algorithm)) return false;
     } else if (value != match->plain) {
       return false;
     }
@@ -199,13 +218,14 @@ PyObject* runInPlace(PyObject* self, PyObject* const* args, size_t nargsf, PyObj
   const Py_ssize_t n = PyVectorcall_NARGS(nargsf);
   RedOp op;
   int root;
+  Algorithm algorithm;
   std::optional<CollectiveRequest> request;
-  if (plainCall(e, args, n, kwnames, op, root)) {
+  if (plainCall(e, args, n, kwnames, op, root, algorithm)) {
     const int watched = observed(e);
     if (watched < 0) return nullptr;
     if (!watched) {
-      request = plainArrayRequest(args[0], e.collective, op, root, e.algorithm);
-      if (!request) request = tensorRequest(e, args[0], op, root);
+      request = plainArrayRequest(args[0], e.collective, op, root, algorithm);
+      if (!request) request = tensorRequest(e, args[0], op, root, algorithm);
       if (PyErr_Occurred()) return nullptr;
     }
   }
@@ -242,12 +262,14 @@ PyObject* interned(const char* name) { return PyUnicode_InternFromString(name); 
 
 // Each collective's keywords, made once (kept for the life of the module).
 const std::vector<Keyword>& keywordsOf(Collective collective) {
-  static const std::vector<Keyword> broadcast{{interned("src"), nullptr},
-                                              {interned("async_op"), Py_False}};
+  constexpr KeywordRole given = KeywordRole::Given, plain = KeywordRole::Plain;
+  static const std::vector<Keyword> broadcast{{interned("src"), given, nullptr},
+                                              {interned("async_op"), plain, Py_False}};
   static const std::vector<Keyword> allReduce{
-      {interned("op"), nullptr}, {interned("async_op"), Py_False},
-      {interned("wire_dtype"), Py_None}, {interned("algorithm"), Py_None},
-      {interned("replay_tag"), Py_None}};
+      {interned("op"), given, nullptr}, {interned("async_op"), plain, Py_False},
+      {interned("wire_dtype"), plain, Py_None},
+      {interned("algorithm"), KeywordRole::Algorithm, nullptr},
+      {interned("replay_tag"), plain, Py_None}};
   return collective == Collective::Broadcast ? broadcast : allReduce;
 }
 
