@@ -80,7 +80,11 @@ def test_the_algorithm_table_owns_the_thresholds(monkeypatch):
         ringcomm.options.__doc__
     P, A = C.Collective, C.Algorithm
     assert C.choose_algorithm(P.all_reduce, one_shot, 4) == A.one_shot  # the defaults
-    assert C.choose_algorithm(P.all_reduce, one_shot, 4, {"one_shot_max_bytes": 0}) == A.ring
+    two_shot = defaults["two_shot_max_bytes"]
+    assert C.choose_algorithm(P.all_reduce, one_shot, 4, {"one_shot_max_bytes": 0}) == A.two_shot
+    assert C.choose_algorithm(P.all_reduce, two_shot + 1, 4) == A.ring
+    assert C.choose_algorithm(P.reduce_scatter, two_shot, 3) == A.one_shot
+    assert C.choose_algorithm(P.all_reduce, one_shot + 1, 2) == A.ring  # 2 ranks: the ring's hops
     with pytest.raises(ringcomm.RingcommError, match="unknown threshold 'three_shot_max_bytes'"):
         C.choose_algorithm(P.all_reduce, 8, 4, {"three_shot_max_bytes": 1})
 

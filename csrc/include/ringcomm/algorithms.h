@@ -43,9 +43,10 @@ struct AlgorithmInfo {
 // rank's publication and publishes it, then copies every other rank's chunk. See
 // docs/design.md.
 // The thresholds are bench/tune.py's on 2 cores (docs/benchmarks.md, "How the defaults were
-// chosen"): one_shot all_reduce beat the ring at small sizes; two_shot and the one-hop halves
-// never beat it beyond the noise there, so auto leaves them off (0). A host with a core
-// per rank sets its own from bench/tune.py (RINGCOMM_<NAME>_MAX_BYTES).
+// chosen"): one_shot all_reduce beat the ring at small sizes; at 4 ranks two_shot took 0.6-1.0x
+// the ring's mean time from 16 to 128 KiB (fewer waits for ranks that share a core; even at
+// 256 KiB, slower from 1 MiB), and the one-hop reduce_scatter and all_gather 0.7-1.0x. A host with a
+// core per rank sets its own from bench/tune.py (RINGCOMM_<NAME>_MAX_BYTES).
 // recursive_doubling (over a transport that reaches every peer: between hosts), log2(P) rounds
 // with rank r xor 2^k, P the largest power of two up to N: all_reduce exchanges the whole tensor
 // (recursive_doubling_plans.cc); reduce_scatter halves the blocks it holds each round and
@@ -93,7 +94,7 @@ inline constexpr uint32_t kOneHopCollectives = collectiveBit(Collective::AllRedu
 inline constexpr AlgorithmInfo kAlgorithms[] = {
     {Algorithm::Ring, "ring", plannedCollectives(), false, std::nullopt, nullptr},
     {Algorithm::OneShot, "one_shot", kOneHopCollectives, true, 8 * 1024, "all_reduce"},
-    {Algorithm::TwoShot, "two_shot", collectiveBit(Collective::AllReduce), true, 0,
+    {Algorithm::TwoShot, "two_shot", collectiveBit(Collective::AllReduce), true, 128 * 1024,
      "all_reduce on 3 ranks or more; reduce_scatter and all_gather run one_shot, two_shot's "
      "halves, up to it"},
     {Algorithm::Auto, "auto", plannedCollectives(), false, std::nullopt, nullptr},
