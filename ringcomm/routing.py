@@ -172,6 +172,12 @@ class Router:
             comm = self._backend_communicator(backend, buf.device_index)
             call(comm, backend.stream(buf) or 0)
 
+    def _set_cpu_ring(self, comm):
+        """The fast way's ring (see try_run_now), None once closed, and the gate's flag that
+        says so to the builtins (Router.in_place_entry), written together."""
+        self._cpu = comm
+        self._lock.ring_open = comm is not None
+
     def communicator_for(self, device, index):
         """The _C.Communicator of a device's backend, set up on first use (every rank calls
         this together then)."""
@@ -191,8 +197,7 @@ class Router:
             ordinal = sum(1 for kind, _ in self._backends if kind == device)
             comm = backend.create(self._rendezvous, index, self._options, ordinal)
             if device == "cpu":
-                self._cpu = comm  # the fast way's ring (see try_run_now)
-                self._lock.ring_open = True
+                self._set_cpu_ring(comm)
             self._backends[key] = comm
             log.set_up(self.rank, self.world_size, self._options, device, comm)
             self._recorder.watch(comm, self.flight_record)
@@ -256,8 +261,8 @@ class Router:
         if not self._closed:
             self._recorder.write_or_warn(self.flight_record(), "closed")
         with self._lock:
-            self._closed, self._cpu = True, None
-            self._lock.ring_open = False
+            self._closed = True
+            self._set_cpu_ring(None)
             if self._links is not None:  # before the ring goes: see transport/shm.py's links
                 cpu = self._backends.get(("cpu", -1))
                 self._links.close(failed=cpu is None or bool(cpu.failure))
