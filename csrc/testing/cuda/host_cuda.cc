@@ -161,15 +161,7 @@ cudaError_t streamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) {
   }
   // An event recorded outside: inside a capture only as an external wait.
   if (st->capture != nullptr) return failed(cudaErrorStreamCaptureIsolation);
-  if (target > 0) {  // never recorded: nothing to wait for
-    st->push([ev = hold(ev), target] {
-      {
-        std::unique_lock<std::mutex> lock(ev->mutex);
-        ev->done.wait(lock, [&] { return ev->completed >= target; });
-      }
-      drop(ev);
-    });
-  }
+  if (target > 0) waitForHandle(st, ev, target);  // never recorded: nothing to wait for
   return cudaSuccess;
 }
 
@@ -207,10 +199,7 @@ cudaError_t record(cudaEvent_t e, cudaStream_t s, bool external) {
     generation = ++ev->recorded;
     ev->capturedIn = nullptr;
   }
-  st->push([ev = hold(ev), generation] {
-    complete(ev, generation);
-    drop(ev);
-  });
+  completeHandle(st, ev, generation);
   return cudaSuccess;
 }
 
@@ -268,6 +257,23 @@ const char* errorString(cudaError_t status) { return errorName(status); }
 cudaError_t exchangeCaptureMode(cudaStreamCaptureMode*) { return cudaSuccess; }
 
 }  // namespace
+
+void waitForHandle(Stream* st, Event* ev, uint64_t target) {
+  st->push([ev = hold(ev), target] {
+    {
+      std::unique_lock<std::mutex> lock(ev->mutex);
+      ev->done.wait(lock, [&] { return ev->completed >= target; });
+    }
+    drop(ev);
+  });
+}
+
+void completeHandle(Stream* st, Event* ev, uint64_t generation) {
+  st->push([ev = hold(ev), generation] {
+    complete(ev, generation);
+    drop(ev);
+  });
+}
 
 cudaError_t peekLastError() {
   return stickyError.load() != cudaSuccess ? stickyError.load() : lastError;

@@ -170,12 +170,12 @@ void launchGraph(uintptr_t handle, cudaStream_t s) {
             std::lock_guard<std::mutex> lock(node.event->mutex);
             generation = ++node.event->recorded;
           }
-          Event* target = node.event;
-          st->push([target, generation] { complete(target, generation); });
+          completeHandle(st, node.event, generation);
           break;
         }
         case Node::WaitExternal:
-          if (const uint64_t target = targets[lane][external++]) waitFor(st, node.event, target);
+          if (const uint64_t target = targets[lane][external++])
+            waitForHandle(st, node.event, target);
           break;
       }
     }

@@ -129,6 +129,10 @@ void submitTo(Stream* st, std::function<void()> work);
 void waitFor(Stream* st, Event* ev, uint64_t target);
 // Completes `ev`'s record number `generation` (and those before it).
 void complete(Event* ev, uint64_t generation);
+// The same for an event a handle names (cudaEventCreate's): the pending wait or record holds a
+// reference, so a cudaEventDestroy before `st` reaches it frees the event only afterwards.
+void waitForHandle(Stream* st, Event* ev, uint64_t target);
+void completeHandle(Stream* st, Event* ev, uint64_t generation);
 
 // The capture and graph functions of the table (host_graphs.cc).
 void fillGraphs(GpuApi& api);
