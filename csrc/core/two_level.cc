@@ -7,103 +7,16 @@
 // one before (each level's calls keep one order on every rank); reduce_scatter and all_gather
 // likewise, in pieces of every block. The level between hosts runs the
 // request's algorithm: the ring, recursive_doubling, or auto's pick between them by size.
+// This file: setLevels, which collectives run in levels, and even hosts' collectives; hosts of
+// unequal rank counts run through their leaders (two_level_uneven.cc).
 #include <algorithm>
-#include <cstring>
-#include <optional>
 
 #include "core/lane.h"
+#include "core/two_level.h"
 #include "ringcomm/communicator.h"
 #include "ringcomm/error.h"
 
 namespace ringcomm {
-namespace {
-
-// Bytes of one piece: big enough that a piece's three calls cost little beside its bytes,
-// small enough that the first and last pieces, which nothing overlaps, are a small share.
-constexpr size_t kPieceBytes = 4u << 20;
-
-size_t hostOf(const std::vector<std::vector<int>>& hostRanks, int rank) {
-  for (size_t h = 0; h < hostRanks.size(); ++h)
-    if (std::find(hostRanks[h].begin(), hostRanks[h].end(), rank) != hostRanks[h].end()) return h;
-  return 0;
-}
-
-size_t largestHost(const std::vector<std::vector<int>>& hostRanks) {
-  size_t largest = 0;
-  for (const std::vector<int>& members : hostRanks) largest = std::max(largest, members.size());
-  return largest;
-}
-
-// Uneven hosts: reduce_scatter and all_gather through the leaders carry each host's group of
-// blocks padded to the largest host's M ranks, so a leader sends (H-1)M blocks between hosts.
-// The flat ring sends N-1 blocks over each of its links, so a host sends (N-1) per link of the
-// ring that leaves it. The leaders run where their busiest host sends fewer blocks than the
-// flat ring's; where it is a tie (2 hosts, the smaller of one rank: M = N-1) the flat ring
-// runs, without the steps inside the host (the option uneven_leaders may say always or never).
-bool leadersSendFewerBlocks(const std::vector<std::vector<int>>& hostRanks, int worldSize) {
-  std::vector<int> onHost(worldSize);
-  for (size_t h = 0; h < hostRanks.size(); ++h)
-    for (int r : hostRanks[h]) onHost[r] = static_cast<int>(h);
-  std::vector<size_t> leaving(hostRanks.size(), 0);  // the flat ring's links out of each host
-  for (int r = 0; r < worldSize; ++r)
-    if (onHost[r] != onHost[(r + 1) % worldSize]) ++leaving[onHost[r]];
-  const size_t flat = *std::max_element(leaving.begin(), leaving.end()) * (worldSize - 1);
-  return (hostRanks.size() - 1) * largestHost(hostRanks) < flat;
-}
-
-// Pieces 0..n-1 through a host's leader: `collect(k)` inside the host, `across(k)` between
-// hosts on the leader's lane, `spread(k)` inside the host. The lane carries piece k while the
-// host collects piece k+1 and spreads piece k-1; every rank of a host makes its calls inside
-// the host in that one order.
-void throughLeaders(size_t n, bool leader, const std::function<void(size_t)>& collect,
-                    const std::function<void(size_t)>& across,
-                    const std::function<void(size_t)>& spread, const std::function<void()>& stop) {
-  if (leader && n == 1) {
-    collect(0), across(0), spread(0);
-    return;
-  }
-  std::optional<Lane> lane;
-  if (leader) lane.emplace(across, stop);
-  for (size_t k = 0; k < n; ++k) {
-    collect(k);
-    if (lane) lane->post(k);
-    if (k == 0) continue;
-    if (lane) lane->waitFor(k - 1);
-    spread(k - 1);
-  }
-  if (lane) lane->waitFor(n - 1);
-  spread(n - 1);
-}
-
-// A piece of a reduce_scatter or all_gather through the leaders: elements [first, first + count)
-// of every block, in padded host order (host h's i-th rank's piece at (h M + i) count, M the
-// largest host's ranks) at `groups`, and this host's group of them at `group`.
-struct HostPiece {
-  size_t first, count;
-  char* groups;
-  char* group;
-};
-
-// The pieces, in `scratch`: every piece's groups, then (reduce_scatter's output between
-// hosts) a host group of every piece, kept apart from the groups it reduces.
-std::vector<HostPiece> hostPieces(size_t count, size_t elementBytes, size_t hosts, size_t largest,
-                                  size_t host, bool groupApart, std::vector<char>& scratch) {
-  const size_t groupsBytes = hosts * largest * count * elementBytes;
-  const size_t bytes = groupsBytes + (groupApart ? largest * count * elementBytes : 0);
-  if (scratch.size() < bytes) scratch.resize(bytes);
-  const size_t perPiece = std::max<size_t>(1, kPieceBytes / (elementBytes * hosts * largest));
-  std::vector<HostPiece> pieces;
-  for (size_t first = 0; first < count; first += perPiece) {
-    const size_t n = std::min(perPiece, count - first);
-    char* groups = scratch.data() + first * hosts * largest * elementBytes;
-    char* group = groupApart ? scratch.data() + groupsBytes + first * largest * elementBytes
-                             : groups + host * largest * n * elementBytes;
-    pieces.push_back({first, n, groups, group});
-  }
-  return pieces;
-}
-
-}  // namespace
 
 void Communicator::setLevels(std::shared_ptr<Communicator> local,
                              std::shared_ptr<Communicator> cross,
@@ -143,6 +56,12 @@ void Communicator::setLevels(std::shared_ptr<Communicator> local,
   cross_.comm = std::move(cross), cross_.ranks.clear();
   for (const std::vector<int>& members : hostRanks) cross_.ranks.push_back(members[even ? index : 0]);
   hostRanks_ = std::move(hostRanks);
+  host_ = static_cast<size_t>(host);
+  largestHost_ = 0, hostFirst_.assign(hosts, 0);
+  for (size_t h = 0; h < hosts; ++h) {
+    largestHost_ = std::max(largestHost_, hostRanks_[h].size());
+    if (h > 0) hostFirst_[h] = hostFirst_[h - 1] + hostRanks_[h - 1].size();
+  }
   unevenHosts_ = !even;
   blocksThroughLeaders_ = unevenLeaders.value_or(leadersSendFewerBlocks(hostRanks_, worldSize_));
 }
@@ -256,54 +175,12 @@ void Communicator::allReduceInTwoLevels(const CollectiveRequest& r) {
   });
 }
 
-// Hosts of unequal rank counts: a reduce to the host's first rank (its leader) over shared
-// memory, an all_reduce between the leaders, a broadcast from the leader. Each host sends
-// 2(H-1)/H of the data between hosts, as in even levels, all through its leader. Pipelined in
-// pieces (throughLeaders).
-void Communicator::allReduceThroughLeaders(const CollectiveRequest& r) {
-  const size_t elementBytes = dataTypeSize(r.type);
-  const size_t perPiece = std::max<size_t>(1, kPieceBytes / elementBytes);
-  char* tensor = static_cast<char*>(r.output);
-  struct Piece {
-    char* base;
-    size_t count;
-  };
-  std::vector<Piece> pieces;
-  for (size_t first = 0; first < r.count; first += perPiece)
-    pieces.push_back({tensor + first * elementBytes, std::min(perPiece, r.count - first)});
-  auto inHost = [&](const Piece& p, Collective collective) {
-    CollectiveRequest part = r;
-    part.algorithm = Algorithm::Auto;
-    part.collective = collective, part.output = p.base, part.input = nullptr, part.count = p.count;
-    part.root = 0, part.wireType.reset();  // the leader's data stays exact until the network
-    part.op = collective == Collective::Broadcast ? RedOp::Sum
-              : r.op == RedOp::Avg               ? RedOp::Sum  // AVG divides once, by N
-                                                 : r.op;
-    runInLevel(local_, part);
-  };
-  auto acrossHosts = [&](size_t k) {
-    CollectiveRequest part = r;  // ring, auto or recursive_doubling: the request's
-    part.output = pieces[k].base, part.input = nullptr, part.count = pieces[k].count;
-    part.avgDivisor = r.op == RedOp::Avg ? worldSize_ : 0;
-    runInLevel(cross_, part);
-  };
-  const CallName call = describe(r, sequence_++, "two_level");
-  collective(r.stream, call, [&] {
-    throughLeaders(
-        pieces.size(), cross_.comm != nullptr,
-        [&](size_t k) { inHost(pieces[k], Collective::Reduce); }, acrossHosts,
-        [&](size_t k) { inHost(pieces[k], Collective::Broadcast); },
-        [&] { cross_.comm->abort("the all_reduce failed inside its host"); });
-  });
-}
-
 void Communicator::reorderPiece(char* groups, char* ranks, size_t blockBytes, size_t offset,
-                                size_t bytes, bool toGroups) {
-  const size_t hosts = hostRanks_.size();
-  for (size_t h = 0; h < hosts; ++h)
+                                size_t bytes, bool toGroups, const Slot& slot) {
+  for (size_t h = 0; h < hostRanks_.size(); ++h)
     for (size_t i = 0; i < hostRanks_[h].size(); ++i) {
       char* inRanks = ranks + hostRanks_[h][i] * blockBytes + offset;
-      char* inGroups = groups + (i * hosts + h) * bytes;
+      char* inGroups = groups + slot(h, i) * bytes;
       if (toGroups) reducer_->copy(inGroups, nullptr, inRanks, bytes);
       else reducer_->copy(inRanks, nullptr, inGroups, bytes);
     }
@@ -333,10 +210,11 @@ void Communicator::reduceScatterInTwoLevels(const CollectiveRequest& r) {
   if (unevenHosts_) return reduceScatterThroughLeaders(r);
   const size_t elementBytes = dataTypeSize(r.type), hosts = hostRanks_.size();
   const std::vector<BlockPiece> pieces = blockPieces(r);
+  const Slot groupOrder = [hosts](size_t h, size_t i) { return i * hosts + h; };
   char* input = static_cast<char*>(const_cast<void*>(r.input));
   auto inHost = [&](const BlockPiece& p) {
     reorderPiece(p.groups, input, r.count * elementBytes, p.first * elementBytes,
-                 p.count * elementBytes, true);
+                 p.count * elementBytes, true, groupOrder);
     CollectiveRequest part = r;
     part.algorithm = Algorithm::Auto;
     part.output = p.mine, part.input = p.groups, part.count = hosts * p.count;
@@ -371,6 +249,7 @@ void Communicator::allGatherInTwoLevels(const CollectiveRequest& r) {
   if (unevenHosts_) return allGatherThroughLeaders(r);
   const size_t elementBytes = dataTypeSize(r.type), hosts = hostRanks_.size();
   const std::vector<BlockPiece> pieces = blockPieces(r);
+  const Slot groupOrder = [hosts](size_t h, size_t i) { return i * hosts + h; };
   auto acrossHosts = [&](size_t k) {
     CollectiveRequest part = r;  // ring, auto or recursive_doubling: the request's
     part.input = static_cast<const char*>(r.input) + pieces[k].first * elementBytes;
@@ -383,7 +262,7 @@ void Communicator::allGatherInTwoLevels(const CollectiveRequest& r) {
     part.output = p.groups, part.input = p.mine, part.count = hosts * p.count;
     runInLevel(local_, part);
     reorderPiece(p.groups, static_cast<char*>(r.output), r.count * elementBytes,
-                 p.first * elementBytes, p.count * elementBytes, false);
+                 p.first * elementBytes, p.count * elementBytes, false, groupOrder);
   };
   const CallName call = describe(r, sequence_++, "two_level");
   collective(r.stream, call, [&] {
@@ -395,103 +274,6 @@ void Communicator::allGatherInTwoLevels(const CollectiveRequest& r) {
               [&] { cross_.comm->abort("the two-level all_gather failed inside its host"); });
     lane.post(pieces.size() - 1);  // every piece: the network runs ahead
     for (size_t k = 0; k < pieces.size(); ++k) lane.waitFor(k), inHost(pieces[k]);
-  });
-}
-
-// Uneven hosts' reduce_scatter, piece by piece: every rank puts its input's pieces in padded
-// host order, the host reduces them to its leader, the leaders reduce_scatter the host groups
-// (each keeps its own host's), and the leader scatters its host's pieces to their ranks. AVG
-// sums inside the host and divides once, by N, between hosts. In place, piece k of this rank's
-// block is written after every piece k of the input was read, and no piece reads another's.
-void Communicator::reduceScatterThroughLeaders(const CollectiveRequest& r) {
-  const size_t elementBytes = dataTypeSize(r.type), largest = largestHost(hostRanks_);
-  const size_t hosts = hostRanks_.size(), host = hostOf(hostRanks_, rank_);
-  const std::vector<HostPiece> pieces =
-      hostPieces(r.count, elementBytes, hosts, largest, host, true, scratch_);
-  const char* input = static_cast<const char*>(r.input);
-  auto toGroups = [&](const HostPiece& p) {
-    const size_t bytes = p.count * elementBytes;
-    for (size_t h = 0; h < hosts; ++h)
-      for (size_t i = 0; i < largest; ++i) {
-        char* slot = p.groups + (h * largest + i) * bytes;
-        if (i < hostRanks_[h].size())
-          reducer_->copy(slot, nullptr,
-                         input + (hostRanks_[h][i] * r.count + p.first) * elementBytes, bytes);
-        else
-          std::memset(slot, 0, bytes);  // padding: reduced, never read
-      }
-  };
-  auto collect = [&](size_t k) {
-    toGroups(pieces[k]);
-    CollectiveRequest part = r;
-    part.algorithm = Algorithm::Auto, part.collective = Collective::Reduce, part.root = 0;
-    part.output = pieces[k].groups, part.input = nullptr;
-    part.count = hosts * largest * pieces[k].count;
-    part.op = r.op == RedOp::Avg ? RedOp::Sum : r.op, part.wireType.reset();
-    runInLevel(local_, part);
-  };
-  auto across = [&](size_t k) {
-    CollectiveRequest part = r;  // ring, auto or recursive_doubling: the request's
-    part.output = pieces[k].group, part.input = pieces[k].groups;
-    part.count = largest * pieces[k].count;
-    part.avgDivisor = r.op == RedOp::Avg ? worldSize_ : 0;
-    runInLevel(cross_, part);
-  };
-  auto spread = [&](size_t k) {
-    CollectiveRequest part = r;
-    part.algorithm = Algorithm::Auto, part.collective = Collective::Scatter, part.root = 0;
-    part.op = RedOp::Sum, part.wireType.reset();
-    part.input = pieces[k].group;
-    part.output = static_cast<char*>(r.output) + pieces[k].first * elementBytes;
-    part.count = pieces[k].count;
-    runInLevel(local_, part);
-  };
-  const CallName call = describe(r, sequence_++, "two_level");
-  collective(r.stream, call, [&] {
-    throughLeaders(pieces.size(), cross_.comm != nullptr, collect, across, spread,
-                   [&] { cross_.comm->abort("the reduce_scatter failed inside its host"); });
-  });
-}
-
-// Uneven hosts' all_gather, piece by piece: the host gathers its ranks' pieces to its leader,
-// the leaders all_gather the host groups (padded to the largest host's ranks), the leader
-// broadcasts them inside the host, and every rank puts them in rank order. In place, piece k
-// of this rank's block is read before rank order's piece k is written.
-void Communicator::allGatherThroughLeaders(const CollectiveRequest& r) {
-  const size_t elementBytes = dataTypeSize(r.type), largest = largestHost(hostRanks_);
-  const size_t hosts = hostRanks_.size(), host = hostOf(hostRanks_, rank_);
-  const std::vector<HostPiece> pieces =
-      hostPieces(r.count, elementBytes, hosts, largest, host, false, scratch_);
-  auto collect = [&](size_t k) {
-    CollectiveRequest part = r;
-    part.algorithm = Algorithm::Auto, part.collective = Collective::Gather, part.root = 0;
-    part.input = static_cast<const char*>(r.input) + pieces[k].first * elementBytes;
-    part.output = pieces[k].group, part.count = pieces[k].count;
-    runInLevel(local_, part);
-  };
-  auto across = [&](size_t k) {
-    CollectiveRequest part = r;  // ring, auto or recursive_doubling: the request's
-    part.input = pieces[k].group, part.output = pieces[k].groups;
-    part.count = largest * pieces[k].count;
-    runInLevel(cross_, part);
-  };
-  auto spread = [&](size_t k) {
-    const HostPiece& p = pieces[k];
-    CollectiveRequest part = r;
-    part.algorithm = Algorithm::Auto, part.collective = Collective::Broadcast, part.root = 0;
-    part.output = p.groups, part.input = nullptr, part.count = hosts * largest * p.count;
-    runInLevel(local_, part);
-    const size_t bytes = p.count * elementBytes;
-    char* output = static_cast<char*>(r.output);
-    for (size_t h = 0; h < hosts; ++h)
-      for (size_t i = 0; i < hostRanks_[h].size(); ++i)
-        reducer_->copy(output + (hostRanks_[h][i] * r.count + p.first) * elementBytes, nullptr,
-                       p.groups + (h * largest + i) * bytes, bytes);
-  };
-  const CallName call = describe(r, sequence_++, "two_level");
-  collective(r.stream, call, [&] {
-    throughLeaders(pieces.size(), cross_.comm != nullptr, collect, across, spread,
-                   [&] { cross_.comm->abort("the all_gather failed inside its host"); });
   });
 }
 

@@ -120,7 +120,7 @@ void bindPointToPoint(ClassOfComm& comm) {
            "hook() runs on the failing thread once a call has failed and is recorded")
       .def("set_levels", &Comm::setLevels, py::arg("local"), py::arg("cross"),
            py::arg("host_ranks"), py::arg("uneven_leaders") = py::none(),
-           "uneven_leaders: None (by the bytes between hosts), True or False (see two_level.cc)")
+           "uneven_leaders: None (by the bytes between hosts), True or False (see two_level_uneven.cc)")
       .def(
           "send",
           [](Comm& c, uintptr_t data, size_t n, DataType t, int peer, int tag, uintptr_t stream) {

@@ -7,8 +7,9 @@ shared memory inside a host, TCP between hosts).
   levels (csrc/core/two_level.cc) over a shared-memory ring of this host's ranks and a TCP ring
   of the ranks with this rank's local index on every host, so that each of a host's ranks
   carries 1/L of the data between hosts. Hosts of unequal rank counts: in two levels through
-  each host's first rank (its leader), the only one that joins the TCP level: all_reduce, and
-  reduce_scatter and all_gather where that sends fewer bytes between hosts than the flat ring.
+  each host's first rank (its leader), the only one that joins the TCP level
+  (csrc/core/two_level_uneven.cc): all_reduce, and reduce_scatter and all_gather where that
+  sends fewer bytes between hosts than the flat ring.
 - Point-to-point: links to every peer, made here since TCP's are made by every rank together."""
 from .. import _C
 from .links import Links

@@ -120,8 +120,9 @@ class Communicator {
 
   // Ranks grouped by host (the CPU path across hosts): `local` joins this host's ranks (shared
   // memory), `cross` the ranks with this rank's local index on every host (the network), and
-  // all_reduce, reduce_scatter and all_gather run in two levels over them
-  // (csrc/core/two_level.cc) while every other call runs on this communicator's own ring.
+  // all_reduce, reduce_scatter and all_gather run in two levels over them (csrc/core/
+  // two_level.cc; uneven hosts: two_level_uneven.cc) while every other call runs on this
+  // communicator's own ring.
   // hostRanks[h][i]: the rank of host h's i-th rank in this communicator (local is host h's,
   // in that order; cross has host h's member as its rank h). Hosts of unequal rank counts:
   // `cross` joins each host's first rank (its leader) and is null on the others: all_reduce
@@ -175,11 +176,15 @@ class Communicator {
   void allGatherThroughLeaders(const CollectiveRequest& request);
   void reduceScatterInTwoLevels(const CollectiveRequest& request);
   void allGatherInTwoLevels(const CollectiveRequest& request);
+  // Where a layout puts host h's i-th rank's piece, in pieces: (i * H + h) for even levels'
+  // group order (each local index's pieces together), hostFirst_[h] + i for host order, h * M
+  // + i for host order padded to the largest host's M ranks.
+  using Slot = std::function<size_t(size_t host, size_t index)>;
   // Copies piece [offset, offset + bytes) of every rank's block of `blockBytes` between rank
-  // order in `ranks` and group order in `groups` (host h's i-th rank's piece at (i * H + h) *
-  // bytes: the pieces of each local index together).
+  // order in `ranks` and the layout `slot` in `groups` (host h's i-th rank's piece at
+  // slot(h, i) * bytes).
   void reorderPiece(char* groups, char* ranks, size_t blockBytes, size_t offset, size_t bytes,
-                    bool toGroups);
+                    bool toGroups, const Slot& slot);
   // A two-level reduce_scatter or all_gather in pieces: elements [first, first + count) of
   // every block, their group order in the scratch (`groups`), this rank's group in it (`mine`).
   struct BlockPiece {
@@ -231,6 +236,9 @@ class Communicator {
   std::shared_ptr<Transport> links_;
   Level local_{nullptr, {}, "inside this host"}, cross_{nullptr, {}, "between hosts"};
   std::vector<std::vector<int>> hostRanks_;
+  size_t host_ = 0;             // this rank's host, in hostRanks_
+  size_t largestHost_ = 0;      // the largest host's ranks (M)
+  std::vector<size_t> hostFirst_;  // host h's first rank's place in host order
   bool unevenHosts_ = false;  // hosts of unequal rank counts: one level between their leaders
   bool blocksThroughLeaders_ = false;  // uneven: reduce_scatter and all_gather through them too
   // Shared with a device transport, which marks calls done from its own thread.
