@@ -1,5 +1,5 @@
 // Lane: a thread that runs numbered steps in order as they are posted, so that one level of a
-// two-level collective can run beside the other (csrc/core/two_level.cc).
+// two-level collective can run beside the other (csrc/core/two_level.cc, two_level_uneven.cc).
 #pragma once
 
 #include <condition_variable>
