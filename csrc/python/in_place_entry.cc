@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <string_view>
@@ -60,16 +61,24 @@ int flag(const py::object& owner, const py::object& name) {
   return truth;
 }
 
+// The row of a table (kRedOps, kAlgorithms) that `given`, an exact str, names; null for
+// anything else (no error left set).
+template <typename Table>
+auto namedRow(const Table& table, PyObject* given) -> decltype(&*std::begin(table)) {
+  if (!PyUnicode_CheckExact(given)) return nullptr;
+  Py_ssize_t size = 0;
+  const char* text = PyUnicode_AsUTF8AndSize(given, &size);
+  if (text == nullptr) return PyErr_Clear(), nullptr;
+  for (const auto& row : table)
+    if (std::string_view(text, size) == row.name) return &row;
+  return nullptr;
+}
+
 // The op of a call the entry runs itself: a RedOp member, or one of kRedOps' lower-case names.
 bool plainOp(PyObject* given, RedOp& op) {
   if (enumArgs().op.member(given, op)) return true;
-  if (!PyUnicode_CheckExact(given)) return false;
-  Py_ssize_t size = 0;
-  const char* text = PyUnicode_AsUTF8AndSize(given, &size);
-  if (text == nullptr) return PyErr_Clear(), false;
-  for (const RedOpInfo& row : kRedOps)
-    if (std::string_view(text, size) == row.name) return op = row.op, true;
-  return false;
+  const RedOpInfo* row = namedRow(kRedOps, given);
+  return row != nullptr && (op = row->op, true);
 }
 
 // The tensor attributes the entry reads, interned once (kept for the life of the module).
@@ -144,13 +153,8 @@ int open(Entry& e) {
 // (what checks.algorithm takes); false for anything else (the method says what is wrong).
 bool plainAlgorithm(PyObject* given, Algorithm& algorithm) {
   if (given == Py_None) return true;
-  if (!PyUnicode_CheckExact(given)) return false;
-  Py_ssize_t size = 0;
-  const char* text = PyUnicode_AsUTF8AndSize(given, &size);
-  if (text == nullptr) return PyErr_Clear(), false;
-  for (const AlgorithmInfo& row : kAlgorithms)
-    if (std::string_view(text, size) == row.name) return algorithm = row.algorithm, true;
-  return false;
+  const AlgorithmInfo* row = namedRow(kAlgorithms, given);
+  return row != nullptr && (algorithm = row->algorithm, true);
 }
 
 // A broadcast's root given as a plain int of the world: false for anything else (the method
